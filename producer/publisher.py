@@ -1,0 +1,139 @@
+"""Validate input lines and publish them as prompt events."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+import orjson
+from pydantic import ValidationError
+
+from producer.sources import DatasetFormat, MappingError, SourceLine, to_event_dict
+from runtime.kafka import DeliveryTracker
+from schemas import DEFAULT_LIMITS, DlqHeaders, PromptEvent, PromptLimits, Topics, format_validation_error
+
+log = logging.getLogger(__name__)
+
+
+class InvalidPolicy(str, Enum):
+    """What to do with a line that is not a valid prompt event."""
+
+    SKIP = "skip"
+    """Report it and go on."""
+    FAIL = "fail"
+    """Report it and stop (records already sent stay sent)."""
+    DLQ = "dlq"
+    """Report it and publish the original line to the prompts DLQ with the reason."""
+
+
+class InvalidLine(ValueError):
+    """A line that cannot become a prompt event, with a rule name and a reason."""
+
+    def __init__(self, line: SourceLine, error_class: str, reason: str) -> None:
+        super().__init__(f"{line.source}:{line.line_no}: {reason}")
+        self.line = line
+        self.error_class = error_class
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """How input lines map onto prompt events (see :mod:`producer.sources`)."""
+
+    fmt: DatasetFormat = DatasetFormat.EVENT
+    text_field: str = "text"
+    id_field: str | None = None
+    metadata_fields: tuple[str, ...] = ()
+
+
+@dataclass
+class PublishSummary:
+    sent: int = 0
+    invalid: int = 0
+    dead_lettered: int = 0
+    bytes_sent: int = 0
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        rate = self.sent / self.seconds if self.seconds > 0 else 0.0
+        return (
+            f"sent {self.sent} events ({self.bytes_sent} bytes), invalid {self.invalid}"
+            f" (dead-lettered {self.dead_lettered}) in {self.seconds:.1f}s, {rate:.0f} events/s"
+        )
+
+
+def parse_line(line: SourceLine, mapping: Mapping, limits: PromptLimits = DEFAULT_LIMITS) -> PromptEvent:
+    """Map and validate one line; raise :class:`InvalidLine` saying which rule failed."""
+    try:
+        event = to_event_dict(line, mapping.fmt, mapping.text_field, mapping.id_field, mapping.metadata_fields)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidLine(line, "invalid_json", f"not valid JSON: {exc}") from exc
+    except MappingError as exc:
+        raise InvalidLine(line, "invalid_shape", str(exc)) from exc
+    try:
+        return PromptEvent.model_validate_json(orjson.dumps(event), context={"limits": limits})
+    except ValidationError as exc:
+        raise InvalidLine(line, "invalid_event", format_validation_error(exc)) from exc
+
+
+class Publisher:
+    """Publishes validated prompt events with an idempotent producer
+    (acks=all, key = request_id) and accounts for every line."""
+
+    def __init__(
+        self,
+        tracker: DeliveryTracker,
+        topics: Topics,
+        mapping: Mapping = Mapping(),
+        limits: PromptLimits = DEFAULT_LIMITS,
+        on_invalid: InvalidPolicy = InvalidPolicy.SKIP,
+    ) -> None:
+        self.tracker = tracker
+        self.topics = topics
+        self.mapping = mapping
+        self.limits = limits
+        self.on_invalid = on_invalid
+
+    def publish(
+        self, lines: Iterable[SourceLine], on_line: Callable[[PublishSummary], None] | None = None
+    ) -> PublishSummary:
+        """Publish every line, then wait until Kafka acknowledged all of them.
+        Raises :class:`InvalidLine` under the ``fail`` policy and
+        ``DeliveryFailed`` when Kafka rejected anything."""
+        summary = PublishSummary()
+        start = time.monotonic()
+        try:
+            for line in lines:
+                self._publish_line(line, summary)
+                if on_line is not None:
+                    on_line(summary)
+        finally:
+            self.tracker.flush()
+            summary.seconds = time.monotonic() - start
+        return summary
+
+    def _publish_line(self, line: SourceLine, summary: PublishSummary) -> None:
+        try:
+            event = parse_line(line, self.mapping, self.limits)
+        except InvalidLine as exc:
+            summary.invalid += 1
+            log.warning("invalid line %s", exc)
+            if self.on_invalid is InvalidPolicy.FAIL:
+                raise
+            if self.on_invalid is InvalidPolicy.DLQ:
+                self._dead_letter(exc)
+                summary.dead_lettered += 1
+            return
+        value = event.model_dump_json(exclude_none=True).encode()
+        self.tracker.produce(self.topics.prompts, value, key=event.request_id.encode())
+        summary.sent += 1
+        summary.bytes_sent += len(value)
+
+    def _dead_letter(self, exc: InvalidLine) -> None:
+        headers = DlqHeaders.build(
+            exc.error_class, exc.reason, service="producer", source_file=exc.line.source, source_line=exc.line.line_no
+        )
+        self.tracker.produce(self.topics.prompts_dlq, exc.line.raw, key=None, headers=headers.to_kafka())

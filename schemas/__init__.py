@@ -1,0 +1,44 @@
+"""Every wire contract of hsx: events, record headers, topic names, the block
+codec. Nothing outside this package defines a field that crosses a process
+boundary."""
+
+from schemas.blocks import (
+    BlockHeader,
+    BlockRecordHeaders,
+    BlockRef,
+    Codec,
+    DType,
+    Manifest,
+    RecordKind,
+    SourceRef,
+)
+from schemas.common import SCHEMA_VERSION, RequestId, StrictModel, format_validation_error
+from schemas.dlq import DlqHeaders
+from schemas.prompt import DEFAULT_LIMITS, Message, PromptEvent, PromptKind, PromptLimits
+from schemas.ready import HiddenStatesReady, TensorNames, ready_event_id
+from schemas.topics import Topics
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "BlockHeader",
+    "BlockRecordHeaders",
+    "BlockRef",
+    "Codec",
+    "DEFAULT_LIMITS",
+    "DType",
+    "DlqHeaders",
+    "HiddenStatesReady",
+    "Manifest",
+    "Message",
+    "PromptEvent",
+    "PromptKind",
+    "PromptLimits",
+    "RecordKind",
+    "RequestId",
+    "SourceRef",
+    "StrictModel",
+    "TensorNames",
+    "Topics",
+    "format_validation_error",
+    "ready_event_id",
+]

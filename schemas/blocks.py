@@ -1,0 +1,194 @@
+"""Records on ``hidden_states.blocks``: binary block records carrying compressed
+slices of a request's hidden states, then one JSON manifest per request attempt.
+
+Every record of one request is keyed by its ``request_id`` (so all land in one
+partition, in order) and carries :class:`BlockRecordHeaders` as Kafka headers.
+The binary layout of a block's value is defined by :mod:`schemas.codec`; its
+self-describing header is :class:`BlockHeader`.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from typing import Annotated, Literal
+
+from pydantic import Field, JsonValue, field_validator, model_validator
+
+from schemas.common import SCHEMA_VERSION, NonNegativeInt, RequestId, StrictModel, TokenId
+
+PositiveInt = Annotated[int, Field(gt=0)]
+AttemptId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+"""One extraction attempt of one request (uuid4 hex). A retried request gets a new
+attempt id; the sink keeps exactly one attempt per request_id."""
+Checksum = Annotated[str, Field(pattern=r"^crc32:[0-9a-f]{8}$")]
+
+
+class Codec(str, Enum):
+    """How a block's raw bytes are compressed."""
+
+    BYTEPLANE_ZSTD = "byteplane-zstd"
+    ZSTD = "zstd"
+    NONE = "none"
+
+
+class DType(str, Enum):
+    """Element types a hidden-state block may hold."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self is DType.FLOAT32 else 2
+
+
+class RecordKind(str, Enum):
+    BLOCK = "block"
+    MANIFEST = "manifest"
+
+
+class BlockHeader(StrictModel):
+    """Self-describing header at the front of every block record value: enough to
+    decode and verify the block without its manifest."""
+
+    codec_version: Literal[1] = 1
+    codec: Codec
+    dtype: DType
+    shape: tuple[PositiveInt, PositiveInt, PositiveInt]
+    """``[num_tokens_in_block, num_layers, hidden_size]``."""
+    token_start: NonNegativeInt
+    token_end: PositiveInt
+    checksum: Checksum
+    """Of the raw (uncompressed) bytes, so decoding is verified end to end."""
+    segment_sizes: list[NonNegativeInt]
+    """Compressed size of each segment of the payload (one per byte plane for
+    ``byteplane-zstd``, a single one otherwise)."""
+
+    @property
+    def raw_nbytes(self) -> int:
+        tokens, layers, hidden = self.shape
+        return tokens * layers * hidden * self.dtype.itemsize
+
+    @model_validator(mode="after")
+    def _token_range_matches_shape(self) -> BlockHeader:
+        if self.token_end - self.token_start != self.shape[0]:
+            raise ValueError("token_end - token_start must equal shape[0]")
+        return self
+
+
+_HEADER_INT = re.compile(r"^[0-9]{1,10}$")
+
+
+class BlockRecordHeaders(StrictModel):
+    """Kafka headers on every ``hidden_states.blocks`` record, so a consumer can
+    route a record without decoding its value."""
+
+    kind: RecordKind
+    attempt_id: AttemptId
+    block_index: NonNegativeInt | None = None
+    """Set on block records only."""
+    codec: Codec | None = None
+    """Set on block records only."""
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+    @model_validator(mode="after")
+    def _block_fields(self) -> BlockRecordHeaders:
+        is_block = self.kind is RecordKind.BLOCK
+        if is_block != (self.block_index is not None) or is_block != (self.codec is not None):
+            raise ValueError("block_index and codec are set on block records and only there")
+        return self
+
+    def to_kafka(self) -> list[tuple[str, bytes]]:
+        """As a Kafka header list (UTF-8 values)."""
+        pairs = [
+            ("kind", self.kind.value),
+            ("attempt-id", self.attempt_id),
+            ("schema-version", str(self.schema_version)),
+        ]
+        if self.block_index is not None and self.codec is not None:
+            pairs += [("block-index", str(self.block_index)), ("codec", self.codec.value)]
+        return [(k, v.encode()) for k, v in pairs]
+
+    @classmethod
+    def from_kafka(cls, headers: list[tuple[str, bytes | None]] | None) -> BlockRecordHeaders:
+        """Parse Kafka headers; raises ``ValueError`` (a ``ValidationError``) naming
+        the bad header."""
+        raw = {k: (v or b"").decode("utf-8", "replace") for k, v in headers or []}
+        block_index = raw.get("block-index")
+        schema_version = raw.get("schema-version", "")
+        return cls.model_validate(
+            {
+                "kind": raw.get("kind"),
+                "attempt_id": raw.get("attempt-id"),
+                "block_index": int(block_index) if block_index and _HEADER_INT.match(block_index) else block_index,
+                "codec": raw.get("codec"),
+                "schema_version": int(schema_version) if _HEADER_INT.match(schema_version) else schema_version,
+            },
+            strict=False,
+        )
+
+
+class BlockRef(StrictModel):
+    """What the manifest promises about one block."""
+
+    index: NonNegativeInt
+    token_start: NonNegativeInt
+    token_end: PositiveInt
+    checksum: Checksum
+    compressed_nbytes: NonNegativeInt
+
+
+class SourceRef(StrictModel):
+    """Where the prompt came from: lets anyone trace a sample back to its event."""
+
+    topic: str
+    partition: NonNegativeInt
+    offset: NonNegativeInt
+
+
+class Manifest(StrictModel):
+    """The last record of a request attempt: describes and vouches for its blocks.
+    A sample is complete when every block it lists has arrived with the same
+    attempt id and checksum."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    request_id: RequestId
+    attempt_id: AttemptId
+    model: str
+    layer_ids: list[NonNegativeInt] = Field(min_length=1)
+    dtype: DType
+    hidden_size: PositiveInt
+    num_tokens: PositiveInt
+    token_ids: list[TokenId]
+    loss_mask_spans: list[tuple[NonNegativeInt, PositiveInt]] | None = None
+    """Half-open token ranges ``[start, end)`` the trainer learns from (the
+    assistant turns of a chat); ``None`` when the prompt was not a chat."""
+    codec: Codec
+    blocks: list[BlockRef] = Field(min_length=1)
+    metadata: dict[str, JsonValue] | None = None
+    source: SourceRef
+
+    @field_validator("layer_ids")
+    @classmethod
+    def _unique_layers(cls, value: list[int]) -> list[int]:
+        if len(set(value)) != len(value):
+            raise ValueError("layer_ids must be unique")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        if len(self.token_ids) != self.num_tokens:
+            raise ValueError("len(token_ids) must equal num_tokens")
+        expected_start = 0
+        for i, block in enumerate(self.blocks):
+            if block.index != i or block.token_start != expected_start or block.token_end <= block.token_start:
+                raise ValueError(f"blocks must be numbered 0.. and tile the tokens contiguously (block {i})")
+            expected_start = block.token_end
+        if expected_start != self.num_tokens:
+            raise ValueError("blocks must cover exactly num_tokens tokens")
+        for start, end in self.loss_mask_spans or []:
+            if not start < end <= self.num_tokens:
+                raise ValueError(f"loss mask span [{start}, {end}) outside [0, {self.num_tokens})")
+        return self

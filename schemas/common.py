@@ -1,0 +1,50 @@
+"""Building blocks shared by every wire contract: the strict base model, the
+request id type, and the one formatter for validation errors."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+SCHEMA_VERSION = 1
+
+_REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def _check_request_id(value: str) -> str:
+    # The id names files and tensors downstream, so anything that could act as a
+    # path component other than a plain name is refused here, once, for everyone.
+    if not _REQUEST_ID_RE.fullmatch(value):
+        raise ValueError("request_id must be 1-128 characters of [A-Za-z0-9._:-]")
+    if value in {".", ".."} or ".." in value:
+        raise ValueError("request_id must not be '.' or contain '..'")
+    return value
+
+
+RequestId = Annotated[str, AfterValidator(_check_request_id)]
+"""1-128 chars of ``[A-Za-z0-9._:-]``, never ``.``/``..``: safe as a file or tensor name."""
+
+NonNegativeInt = Annotated[int, Field(ge=0)]
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+class StrictModel(BaseModel):
+    """Base of every event: unknown fields and type coercion are errors, instances
+    are immutable, so what was validated is what travels."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def format_validation_error(exc: ValidationError, limit: int = 10) -> str:
+    """One line naming each failing field and the rule it broke, e.g.
+    ``token_ids.3: Input should be greater than or equal to 0 [greater_than_equal]``."""
+    parts = []
+    for err in exc.errors(include_url=False)[:limit]:
+        loc = ".".join(str(p) for p in err["loc"]) or "(event)"
+        parts.append(f"{loc}: {err['msg']} [{err['type']}]")
+    extra = exc.error_count() - limit
+    if extra > 0:
+        parts.append(f"... and {extra} more")
+    return "; ".join(parts)

@@ -1,0 +1,52 @@
+"""Dead-letter records: the original bytes, untouched, with headers saying what
+was wrong and where the record came from."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from schemas.common import StrictModel
+
+MAX_MESSAGE_CHARS = 2_000
+_PREFIX = "hsx-"
+
+
+class DlqHeaders(StrictModel):
+    """Why a record was dead-lettered and where it came from: a Kafka record
+    (topic/partition/offset) or a line of an input file (file/line)."""
+
+    error_class: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+    """A stable, machine-readable rule name, e.g. ``invalid_event``, ``prompt_too_long``."""
+    error_message: Annotated[str, Field(max_length=MAX_MESSAGE_CHARS)]
+    service: str
+    source_topic: str | None = None
+    source_partition: int | None = None
+    source_offset: int | None = None
+    source_file: str | None = None
+    source_line: int | None = None
+
+    @classmethod
+    def build(cls, error_class: str, error_message: str, **source: str | int | None) -> DlqHeaders:
+        """Like the constructor, but truncates an over-long message instead of failing:
+        a dead letter must never fail to be written because of its own reason."""
+        if len(error_message) > MAX_MESSAGE_CHARS:
+            error_message = error_message[: MAX_MESSAGE_CHARS - 3] + "..."
+        return cls(error_class=error_class, error_message=error_message, **source)
+
+    def to_kafka(self) -> list[tuple[str, bytes]]:
+        """As Kafka headers named ``hsx-error-class``, ``hsx-source-offset``, ..."""
+        return [
+            (_PREFIX + name.replace("_", "-"), str(value).encode())
+            for name, value in self.model_dump(exclude_none=True).items()
+        ]
+
+    @classmethod
+    def from_kafka(cls, headers: list[tuple[str, bytes | None]] | None) -> DlqHeaders:
+        """Inverse of :meth:`to_kafka`."""
+        fields = {}
+        for key, value in headers or []:
+            if key.startswith(_PREFIX) and value is not None:
+                fields[key[len(_PREFIX):].replace("-", "_")] = value.decode()
+        return cls.model_validate(fields, strict=False)

@@ -1,0 +1,44 @@
+"""Generate the committed JSON Schema files: ``python -m schemas.generate``.
+
+A test regenerates them in memory and fails when the committed files drift."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+from pydantic import BaseModel
+
+from schemas import BlockHeader, BlockRecordHeaders, DlqHeaders, HiddenStatesReady, Manifest, PromptEvent
+
+JSON_DIR = Path(__file__).parent / "json"
+MODELS: dict[str, type[BaseModel]] = {
+    "prompt_event": PromptEvent,
+    "block_header": BlockHeader,
+    "block_record_headers": BlockRecordHeaders,
+    "manifest": Manifest,
+    "hidden_states_ready": HiddenStatesReady,
+    "dlq_headers": DlqHeaders,
+}
+
+
+def render() -> dict[str, bytes]:
+    """File name → content of every schema file."""
+    return {
+        f"{name}.schema.json": orjson.dumps(
+            model.model_json_schema(mode="validation"), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
+        )
+        + b"\n"
+        for name, model in MODELS.items()
+    }
+
+
+def main() -> None:
+    JSON_DIR.mkdir(exist_ok=True)
+    for name, content in render().items():
+        (JSON_DIR / name).write_bytes(content)
+        print(f"wrote {JSON_DIR / name}")
+
+
+if __name__ == "__main__":
+    main()

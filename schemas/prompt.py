@@ -1,0 +1,188 @@
+"""The prompt event: what users publish to the ``prompts`` topic.
+
+``PromptEvent.model_validate_json(raw)`` is the one way to parse one. Size limits
+come from a :class:`PromptLimits` passed as validation context
+(``context={"limits": limits}``); without one the defaults apply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+from pydantic import (
+    Field,
+    JsonValue,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from schemas.common import SCHEMA_VERSION, RequestId, StrictModel, TokenId
+
+Role = Literal["system", "user", "assistant", "tool"]
+PromptKind = Literal["prompt", "token_ids", "messages"]
+
+
+@dataclass(frozen=True)
+class PromptLimits:
+    """Upper bounds on one prompt event. Every bound keeps one hostile record from
+    costing a service unbounded memory or time."""
+
+    max_event_bytes: int = 4 * 1024 * 1024
+    max_prompt_chars: int = 1_000_000
+    max_token_ids: int = 131_072
+    max_messages: int = 1_024
+    max_message_chars: int = 1_000_000
+    max_metadata_bytes: int = 64 * 1024
+    max_metadata_depth: int = 8
+
+
+DEFAULT_LIMITS = PromptLimits()
+
+
+def _limits(info: ValidationInfo) -> PromptLimits:
+    context = info.context or {}
+    limits = context.get("limits", DEFAULT_LIMITS)
+    if not isinstance(limits, PromptLimits):
+        raise TypeError("validation context 'limits' must be a PromptLimits")
+    return limits
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+class Message(StrictModel):
+    """One chat turn. Content may be empty (an empty system prompt is common);
+    the chat as a whole must say something."""
+
+    role: Role
+    content: str
+
+    @field_validator("content")
+    @classmethod
+    def _bounded(cls, value: str, info: ValidationInfo) -> str:
+        limit = _limits(info).max_message_chars
+        if len(value) > limit:
+            raise ValueError(f"message content longer than {limit} characters")
+        return value
+
+
+class PromptEvent(StrictModel):
+    """A request for hidden states: exactly one of ``prompt`` (text),
+    ``token_ids`` (already tokenized) or ``messages`` (a chat, rendered with the
+    model's chat template). ``metadata`` is passed through untouched to the
+    ``hidden_states.ready`` event."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    request_id: RequestId
+    prompt: str | None = None
+    token_ids: list[TokenId] | None = None
+    messages: list[Message] | None = None
+    metadata: dict[str, JsonValue] | None = None
+
+    @classmethod
+    def model_validate_json(  # type: ignore[override]
+        cls, json_data: str | bytes | bytearray, **kwargs: Any
+    ) -> PromptEvent:
+        """Parse and validate one raw event; the byte size is checked before parsing
+        so an oversized record never costs a full parse."""
+        limits = (kwargs.get("context") or {}).get("limits", DEFAULT_LIMITS)
+        if len(json_data) > limits.max_event_bytes:
+            raise ValidationError.from_exception_data(
+                cls.__name__,
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError(
+                            "event_too_large",
+                            "event is {size} bytes, more than the limit of {limit}",
+                            {"size": len(json_data), "limit": limits.max_event_bytes},
+                        ),
+                        loc=(),
+                        input="<raw event>",
+                    )
+                ],
+            )
+        return super().model_validate_json(json_data, **kwargs)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_rule(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return value
+        if not value.strip():
+            raise ValueError("prompt must not be empty or only whitespace")
+        limit = _limits(info).max_prompt_chars
+        if len(value) > limit:
+            raise ValueError(f"prompt longer than {limit} characters")
+        return value
+
+    @field_validator("token_ids")
+    @classmethod
+    def _token_ids_rule(cls, value: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("token_ids must not be empty")
+        limit = _limits(info).max_token_ids
+        if len(value) > limit:
+            raise ValueError(f"more than {limit} token ids")
+        return value
+
+    @field_validator("messages")
+    @classmethod
+    def _messages_rule(
+        cls, value: list[Message] | None, info: ValidationInfo
+    ) -> list[Message] | None:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("messages must not be empty")
+        limit = _limits(info).max_messages
+        if len(value) > limit:
+            raise ValueError(f"more than {limit} messages")
+        if not any(m.content.strip() for m in value):
+            raise ValueError("every message content is empty")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_rule(
+        cls, value: dict[str, Any] | None, info: ValidationInfo
+    ) -> dict[str, Any] | None:
+        if value is None:
+            return value
+        limits = _limits(info)
+        if _depth(value) > limits.max_metadata_depth:
+            raise ValueError(f"metadata nested deeper than {limits.max_metadata_depth} levels")
+        size = len(orjson.dumps(value))
+        if size > limits.max_metadata_bytes:
+            raise ValueError(f"metadata is {size} bytes as JSON, more than {limits.max_metadata_bytes}")
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one_input(self) -> PromptEvent:
+        given = [name for name in ("prompt", "token_ids", "messages") if getattr(self, name) is not None]
+        if len(given) != 1:
+            got = ", ".join(given) if given else "none"
+            raise ValueError(
+                f"exactly one of 'prompt', 'token_ids', 'messages' must be set (got: {got})"
+            )
+        return self
+
+    @property
+    def kind(self) -> PromptKind:
+        """Which of the three input forms this event uses."""
+        if self.prompt is not None:
+            return "prompt"
+        if self.token_ids is not None:
+            return "token_ids"
+        return "messages"

@@ -1,0 +1,57 @@
+"""The ``hidden_states.ready`` event: one per sample, published only after the
+shard holding it is durable. Trainers consume these."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import PurePosixPath
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, JsonValue
+
+from schemas.blocks import Checksum, DType, PositiveInt
+from schemas.common import SCHEMA_VERSION, NonNegativeInt, RequestId, StrictModel
+
+
+def _relative_path(value: str) -> str:
+    path = PurePosixPath(value)
+    if path.is_absolute() or ".." in path.parts or not path.parts or "\\" in value:
+        raise ValueError("must be a relative POSIX path inside the dataset, without '..'")
+    return value
+
+
+RelativePath = Annotated[str, AfterValidator(_relative_path)]
+
+
+class TensorNames(StrictModel):
+    """Names of a sample's tensors inside its shard."""
+
+    hidden_states: str
+    token_ids: str
+    loss_mask: str | None = None
+
+
+class HiddenStatesReady(StrictModel):
+    """A sample is durable: where it is and what it holds."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    event_id: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+    """Deterministic (see :func:`ready_event_id`), so consumers can de-duplicate."""
+    request_id: RequestId
+    shard: RelativePath
+    """Shard file, relative to the dataset root."""
+    tensors: TensorNames
+    num_tokens: PositiveInt
+    layer_ids: list[NonNegativeInt]
+    dtype: DType
+    hidden_size: PositiveInt
+    model: str
+    checksum: Checksum
+    """Of the stored hidden-states tensor's raw bytes."""
+    metadata: dict[str, JsonValue] | None = None
+
+
+def ready_event_id(dataset: str, request_id: str) -> str:
+    """The same sample in the same dataset always gets the same event id, however
+    often it is replayed."""
+    return hashlib.sha256(f"{dataset}\0{request_id}".encode()).hexdigest()[:32]
