@@ -1,0 +1,40 @@
+"""Shared fixtures: one real Kafka-protocol broker per test session (found in the
+order design.md fixes) and fresh topic names per test so tests never see each
+other's records."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from runtime.broker import dev_bootstrap
+from runtime.settings import KafkaSettings, TopicSettings
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """``HSX_KAFKA_BOOTSTRAP``, else a Kafka container when Docker answers, else the
+    embedded broker."""
+    with dev_bootstrap() as bootstrap:
+        yield bootstrap
+
+
+@pytest.fixture
+def kafka(kafka_bootstrap: str) -> KafkaSettings:
+    return KafkaSettings(bootstrap=kafka_bootstrap)
+
+
+@pytest.fixture
+def topic_settings() -> TopicSettings:
+    """Topic names unique to this test, two partitions each."""
+    suffix = uuid.uuid4().hex[:8]
+    return TopicSettings(
+        prompts=f"prompts-{suffix}",
+        prompts_dlq=f"prompts.dlq-{suffix}",
+        blocks=f"hidden_states.blocks-{suffix}",
+        blocks_dlq=f"hidden_states.blocks.dlq-{suffix}",
+        ready=f"hidden_states.ready-{suffix}",
+        partitions=2,
+    )

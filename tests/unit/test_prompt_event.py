@@ -1,0 +1,140 @@
+"""PromptEvent is the one gate every prompt passes: each rejection must name the
+field and the rule it broke."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from pydantic import ValidationError
+
+from schemas import Message, PromptEvent, PromptLimits, format_validation_error
+
+SMALL = PromptLimits(
+    max_event_bytes=4096,
+    max_prompt_chars=100,
+    max_token_ids=10,
+    max_messages=3,
+    max_message_chars=50,
+    max_metadata_bytes=200,
+    max_metadata_depth=3,
+)
+
+
+def ev(**fields: object) -> bytes:
+    return orjson.dumps({"request_id": "r-1", **fields})
+
+
+def deep(levels: int) -> dict:
+    value: dict = {"leaf": 1}
+    for _ in range(levels):
+        value = {"n": value}
+    return value
+
+
+# (case id, raw event, expected location, fragment of the message or error type)
+INVALID = [
+    ("bad-json", b"{", "(event)", "json_invalid"),
+    ("json-array", b"[]", "(event)", "model_type"),
+    ("json-string", b'"hello"', "(event)", "model_type"),
+    ("non-utf8", b'{"request_id":"a","prompt":"\xff\xfe"}', "(event)", "json_invalid"),
+    ("deep-nesting-json", b'{"request_id":"a","prompt":"x","metadata":{"a":' + b"[" * 300 + b"]" * 300 + b"}}", "(event)", "json_invalid"),
+    ("missing-request-id", orjson.dumps({"prompt": "hi"}), "request_id", "missing"),
+    ("request-id-slash", orjson.dumps({"request_id": "a/b", "prompt": "hi"}), "request_id", "[A-Za-z0-9._:-]"),
+    ("request-id-dotdot", orjson.dumps({"request_id": "..", "prompt": "hi"}), "request_id", "'..'"),
+    ("request-id-traversal", orjson.dumps({"request_id": "a..b", "prompt": "hi"}), "request_id", "'..'"),
+    ("request-id-too-long", orjson.dumps({"request_id": "a" * 129, "prompt": "hi"}), "request_id", "1-128"),
+    ("request-id-empty", orjson.dumps({"request_id": "", "prompt": "hi"}), "request_id", "1-128"),
+    ("request-id-int", orjson.dumps({"request_id": 5, "prompt": "hi"}), "request_id", "string_type"),
+    ("request-id-unicode", orjson.dumps({"request_id": "prompt-é", "prompt": "hi"}), "request_id", "[A-Za-z0-9._:-]"),
+    ("request-id-null", orjson.dumps({"request_id": None, "prompt": "hi"}), "request_id", "string_type"),
+    ("unknown-field", ev(prompt="hi", temperature=0.5), "temperature", "extra_forbidden"),
+    ("no-input", ev(), "(event)", "exactly one of 'prompt', 'token_ids', 'messages'"),
+    ("null-input", ev(prompt=None), "(event)", "got: none"),
+    ("two-inputs", ev(prompt="hi", token_ids=[1]), "(event)", "got: prompt, token_ids"),
+    ("empty-prompt", ev(prompt=""), "prompt", "must not be empty"),
+    ("blank-prompt", ev(prompt=" \n\t"), "prompt", "must not be empty"),
+    ("prompt-not-string", ev(prompt=5), "prompt", "string_type"),
+    ("prompt-too-long", ev(prompt="x" * 101), "prompt", "longer than 100"),
+    ("token-ids-empty", ev(token_ids=[]), "token_ids", "must not be empty"),
+    ("token-id-negative", ev(token_ids=[3, -1]), "token_ids.1", "greater_than_equal"),
+    ("token-id-float", ev(token_ids=[1.5]), "token_ids.0", "int_type"),
+    ("token-id-string", ev(token_ids=["1"]), "token_ids.0", "int_type"),
+    ("token-id-bool", ev(token_ids=[True]), "token_ids.0", "int_type"),
+    ("token-id-huge", ev(token_ids=[2**40]), "token_ids.0", "less_than_equal"),
+    ("token-ids-too-many", ev(token_ids=list(range(11))), "token_ids", "more than 10"),
+    ("token-ids-not-list", ev(token_ids="1 2 3"), "token_ids", "list_type"),
+    ("messages-empty", ev(messages=[]), "messages", "must not be empty"),
+    ("message-bad-role", ev(messages=[{"role": "robot", "content": "x"}]), "messages.0.role", "literal_error"),
+    ("message-missing-content", ev(messages=[{"role": "user"}]), "messages.0.content", "missing"),
+    ("message-extra-field", ev(messages=[{"role": "user", "content": "x", "name": "bob"}]), "messages.0.name", "extra_forbidden"),
+    ("message-content-list", ev(messages=[{"role": "user", "content": [{"type": "text"}]}]), "messages.0.content", "string_type"),
+    ("message-not-object", ev(messages=["hello"]), "messages.0", "model_type"),
+    ("messages-all-empty", ev(messages=[{"role": "user", "content": " "}]), "messages", "every message content is empty"),
+    ("messages-too-many", ev(messages=[{"role": "user", "content": "x"}] * 4), "messages", "more than 3"),
+    ("message-too-long", ev(messages=[{"role": "user", "content": "x" * 51}]), "messages.0.content", "longer than 50"),
+    ("metadata-list", ev(prompt="x", metadata=[1, 2]), "metadata", "dict_type"),
+    ("metadata-too-deep", ev(prompt="x", metadata=deep(4)), "metadata", "deeper than 3"),
+    ("metadata-too-big", ev(prompt="x", metadata={"k": "v" * 300}), "metadata", "more than 200"),
+    ("event-too-large", ev(prompt="x", pad="y" * 5000), "(event)", "more than the limit of 4096"),
+    ("schema-version", ev(prompt="x", schema_version=2), "schema_version", "literal_error"),
+]
+
+
+@pytest.mark.parametrize("raw, loc, rule", [case[1:] for case in INVALID], ids=[case[0] for case in INVALID])
+def test_invalid_event_names_field_and_rule(raw: bytes, loc: str, rule: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        PromptEvent.model_validate_json(raw, context={"limits": SMALL})
+    message = format_validation_error(info.value)
+    assert message.startswith(f"{loc}: ") or f"; {loc}: " in message, message
+    assert rule in message, message
+
+
+def test_at_least_25_distinct_invalid_kinds() -> None:
+    assert len({case[0] for case in INVALID}) >= 25
+
+
+def test_text_event_accepted() -> None:
+    event = PromptEvent.model_validate_json(ev(prompt="Hello there", metadata={"split": "train", "n": [1, 2]}))
+    assert (event.kind, event.prompt, event.metadata) == ("prompt", "Hello there", {"split": "train", "n": [1, 2]})
+
+
+def test_token_ids_event_accepted() -> None:
+    event = PromptEvent.model_validate_json(ev(token_ids=[0, 5, 2**31 - 1]))
+    assert (event.kind, event.token_ids) == ("token_ids", [0, 5, 2**31 - 1])
+
+
+def test_chat_event_accepted() -> None:
+    messages = [
+        {"role": "system", "content": ""},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "tool", "content": "{}"},
+    ]
+    event = PromptEvent.model_validate_json(ev(messages=messages))
+    assert event.kind == "messages"
+    assert event.messages == [Message(**m) for m in messages]
+
+
+def test_request_id_allows_full_alphabet() -> None:
+    rid = "Aa0._:-" * 18 + "Z"  # 127 characters of every allowed kind
+    assert PromptEvent.model_validate_json(orjson.dumps({"request_id": rid, "prompt": "x"})).request_id == rid
+
+
+def test_limits_are_configurable() -> None:
+    raw = ev(token_ids=list(range(11)))
+    PromptEvent.model_validate_json(raw)  # default limits allow 11 ids
+    with pytest.raises(ValidationError):
+        PromptEvent.model_validate_json(raw, context={"limits": SMALL})
+
+
+def test_events_are_immutable() -> None:
+    event = PromptEvent.model_validate_json(ev(prompt="x"))
+    with pytest.raises(ValidationError):
+        event.prompt = "y"  # type: ignore[misc]
+
+
+def test_error_message_is_bounded() -> None:
+    with pytest.raises(ValidationError) as info:
+        PromptEvent.model_validate_json(ev(token_ids=[-1] * 50))
+    message = format_validation_error(info.value, limit=5)
+    assert message.count("greater_than_equal") == 5 and message.endswith("and 45 more")
