@@ -10,6 +10,7 @@ from schemas.blocks import (
     DType,
     Manifest,
     RecordKind,
+    Segment,
     SourceRef,
 )
 from schemas.common import SCHEMA_VERSION, RequestId, StrictModel, format_validation_error
@@ -35,6 +36,7 @@ __all__ = [
     "PromptLimits",
     "RecordKind",
     "RequestId",
+    "Segment",
     "SourceRef",
     "StrictModel",
     "TensorNames",

@@ -49,6 +49,15 @@ class RecordKind(str, Enum):
     MANIFEST = "manifest"
 
 
+class Segment(StrictModel):
+    """One stretch of a block's payload."""
+
+    encoding: Literal["zstd", "raw"]
+    """``raw`` where compression would not have saved space (e.g. the mantissa
+    plane of bfloat16), so decoding skips it."""
+    nbytes: NonNegativeInt
+
+
 class BlockHeader(StrictModel):
     """Self-describing header at the front of every block record value: enough to
     decode and verify the block without its manifest."""
@@ -62,9 +71,9 @@ class BlockHeader(StrictModel):
     token_end: PositiveInt
     checksum: Checksum
     """Of the raw (uncompressed) bytes, so decoding is verified end to end."""
-    segment_sizes: list[NonNegativeInt]
-    """Compressed size of each segment of the payload (one per byte plane for
-    ``byteplane-zstd``, a single one otherwise)."""
+    segments: list[Segment] = Field(min_length=1)
+    """The payload's segments in order: one per byte plane for ``byteplane-zstd``,
+    a single one otherwise."""
 
     @property
     def raw_nbytes(self) -> int:

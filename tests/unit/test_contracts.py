@@ -61,7 +61,7 @@ def test_bad_block_record_headers_are_rejected(headers: list | None, field: str)
 
 
 def test_block_header_checks_token_range() -> None:
-    common = dict(codec=Codec.NONE, dtype=DType.BFLOAT16, checksum="crc32:0000abcd", segment_sizes=[10])
+    common: dict = dict(codec=Codec.NONE, dtype=DType.BFLOAT16, checksum="crc32:0000abcd", segments=[{"encoding": "zstd", "nbytes": 10}])
     header = BlockHeader(shape=(4, 3, 8), token_start=4, token_end=8, **common)
     assert header.raw_nbytes == 4 * 3 * 8 * 2
     with pytest.raises(ValidationError, match="token_end - token_start"):
