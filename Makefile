@@ -19,7 +19,7 @@ endif
 STAMP := $(VENV)/.hsx-installed-$(VLLM_EXTRA)
 MODELS_STAMP := $(HSX_CACHE_DIR)/models/.prepared
 
-.PHONY: install models test test-fast demo bench schemas clean
+.PHONY: install models test test-fast demo schemas clean
 
 install: $(STAMP)
 
@@ -52,9 +52,6 @@ test-fast: $(STAMP)
 
 demo: $(MODELS_STAMP)
 	$(BIN)/hsx demo
-
-bench: $(MODELS_STAMP)
-	$(BIN)/python -m bench
 
 schemas: $(STAMP)
 	$(BIN)/python -m schemas.generate
