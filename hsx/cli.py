@@ -51,6 +51,12 @@ def _produce(args: argparse.Namespace) -> int:
     return cli.run(args)
 
 
+def _extract(args: argparse.Namespace) -> int:
+    from extractor import cli
+
+    return cli.run(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from hsx import demo
 
@@ -80,11 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--dir", type=Path, help="cache directory (env HSX_CACHE_DIR, default ~/.cache/hsx)")
     prepare.set_defaults(handler=_models_prepare)
 
+    from extractor import cli as extractor_cli
+
+    extract = commands.add_parser("extract", help="consume prompts and extract hidden states with vLLM")
+    extractor_cli.add_arguments(extract)
+    extract.set_defaults(handler=_extract)
+
     demo = commands.add_parser("demo", help="run the whole pipeline on a small bundled prompt mix")
     demo.set_defaults(handler=_demo)
 
     for name, help_text in (
-        ("extract", "consume prompts and extract hidden states with vLLM"),
         ("sink", "write hidden-state blocks to a sharded safetensors dataset"),
         ("inspect", "summarize a dataset or shard"),
     ):

@@ -1,0 +1,138 @@
+"""``hsx extract``: run an extractor (consumer-group member driving vLLM)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+from extractor.engine import EngineOptions, default_layer_ids
+from extractor.service import Extractor, ExtractorOptions, FatalError
+from runtime.kafka import KafkaUnavailable
+from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
+from schemas import Codec
+from schemas.connector import ConnectorConfig
+
+log = logging.getLogger(__name__)
+
+
+def _layer_list(text: str) -> list[int]:
+    try:
+        layers = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--layers wants comma-separated integers, got {text!r}") from None
+    if not layers or len(set(layers)) != len(layers) or min(layers) < 0:
+        raise argparse.ArgumentTypeError(f"--layers wants distinct non-negative integers, got {text!r}")
+    return sorted(layers)
+
+
+def _engine_arg(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--engine-arg wants KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    kafka = parser.add_argument_group("Kafka")
+    kafka.add_argument("--bootstrap", help="bootstrap servers (env HSX_KAFKA_BOOTSTRAP)")
+    kafka.add_argument("--topic", help="prompts topic (env HSX_TOPIC_PROMPTS)")
+    kafka.add_argument("--blocks-topic", help="output topic (env HSX_TOPIC_BLOCKS)")
+    kafka.add_argument("--dlq-topic", help="dead-letter topic (env HSX_TOPIC_PROMPTS_DLQ)")
+    kafka.add_argument("--group", default="hsx-extractor", help="consumer group id (default hsx-extractor)")
+    kafka.add_argument("--session-timeout-ms", type=int, default=10_000, help="consumer session timeout")
+
+    model = parser.add_argument_group("model and vLLM")
+    model.add_argument("--model", required=True, help="model directory (or name vLLM can load)")
+    model.add_argument("--model-name", help="name recorded in manifests (default: the model directory's name)")
+    model.add_argument("--layers", type=_layer_list, help="hidden-state layer ids, e.g. 2,15,27,30 "
+                       "(default: EAGLE-3's low/mid/high plus the last, num_hidden_layers)")
+    model.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, float16")
+    model.add_argument("--max-model-len", type=int, default=4096, help="longest prompt + 1 (default 4096)")
+    model.add_argument("--tensor-parallel-size", type=int, default=1)
+    model.add_argument("--data-parallel-size", type=int, default=1)
+    model.add_argument("--max-num-seqs", type=int, help="vLLM batch size limit")
+    model.add_argument("--max-num-batched-tokens", type=int, help="vLLM tokens per step")
+    model.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / compilation")
+    model.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
+                       help="any other AsyncEngineArgs field (VALUE parsed as JSON when it can be)")
+
+    service = parser.add_argument_group("service")
+    service.add_argument("--max-inflight", type=int, default=64, help="prompts in flight (default 64)")
+    service.add_argument("--max-attempts", type=int, default=3, help="attempts before dead-lettering")
+    service.add_argument("--exit-when-idle", type=float, metavar="SECS", help="stop after SECS with nothing to do")
+    service.add_argument("--codec", type=Codec, choices=list(Codec), default=Codec.BYTEPLANE_ZSTD)
+    service.add_argument("--codec-level", type=int, default=1, help="zstd level (default 1)")
+    service.add_argument("--block-bytes", type=int, default=1 << 20, help="target raw bytes per block record")
+    service.add_argument("--compress-threads", type=int, default=2)
+    service.add_argument("--max-inflight-bytes", type=int, default=512 << 20,
+                         help="raw hidden-state bytes awaiting Kafka acks (default 512 MiB)")
+
+
+def options_from_args(args: argparse.Namespace) -> tuple[EngineOptions, ConnectorConfig, ExtractorOptions]:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(args.model)
+    text_config = getattr(config, "get_text_config", lambda: config)()
+    layers = args.layers or default_layer_ids(text_config.num_hidden_layers)
+    if max(layers) > text_config.num_hidden_layers:
+        raise ValueError(f"layer ids go up to num_hidden_layers = {text_config.num_hidden_layers}, got {layers}")
+    engine = EngineOptions(
+        model=args.model,
+        layer_ids=layers,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        tensor_parallel_size=args.tensor_parallel_size,
+        data_parallel_size=args.data_parallel_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enforce_eager=args.enforce_eager,
+        engine_args=dict(args.engine_arg),
+    )
+    # One request of max_model_len tokens must always fit the in-flight budget
+    # (4 bytes per element bounds every supported dtype).
+    largest = args.max_model_len * len(layers) * text_config.hidden_size * 4
+    connector = ConnectorConfig(
+        completion_address="ipc://set-by-the-extractor",
+        blocks_topic=TopicSettings(**overrides(blocks=args.blocks_topic)).blocks,
+        model=args.model_name or Path(args.model).name,
+        codec=args.codec,
+        codec_level=args.codec_level,
+        block_bytes=args.block_bytes,
+        compress_threads=args.compress_threads,
+        max_inflight_bytes=max(args.max_inflight_bytes, largest),
+    )
+    service = ExtractorOptions(
+        group_id=args.group,
+        max_inflight=args.max_inflight,
+        max_attempts=args.max_attempts,
+        session_timeout_ms=args.session_timeout_ms,
+        exit_when_idle=args.exit_when_idle,
+    )
+    return engine, connector, service
+
+
+def run(args: argparse.Namespace) -> int:
+    kafka = KafkaSettings(**overrides(bootstrap=args.bootstrap))
+    topics = TopicSettings(**overrides(prompts=args.topic, blocks=args.blocks_topic, prompts_dlq=args.dlq_topic))
+    try:
+        engine, connector, service = options_from_args(args)
+    except (OSError, ValueError) as exc:
+        log.error("%s", exc)
+        return 2
+    extractor = Extractor(kafka, topics, engine, connector, service, PromptLimitSettings().limits())
+    try:
+        stats = asyncio.run(extractor.run())
+    except KafkaUnavailable as exc:
+        log.error("%s", exc)
+        return 2
+    except FatalError as exc:
+        log.error("extractor stopped: %s", exc)
+        return 1
+    print(f"extract: {stats.describe()}")
+    return 0

@@ -1,0 +1,215 @@
+"""``HsxConnector``: vLLM KV connector that streams the hidden states stored by
+``extract_hidden_states``'s dummy draft model into Kafka.
+
+vLLM creates one instance per role, in different processes:
+
+* **Scheduler side** (EngineCore process): when a request finishes,
+  ``request_finished`` records a :class:`SendJob` (block ids, prompt tokens, the
+  app's parameters) and returns ``delay_free=True`` so vLLM keeps the request's
+  cache blocks; the next ``build_connector_meta`` hands the job to the worker.
+* **Worker side** (the model-runner process; on CPU a separate process, on CUDA
+  with one GPU inside EngineCore): ``get_finished`` gathers each job's hidden states
+  with one indexing op (only while the in-flight budget allows; otherwise the
+  blocks simply stay pinned, which is the backpressure), hands them to the
+  :class:`BlockSender`, and reports requests whose records Kafka acknowledged, so
+  vLLM frees their blocks only then.
+
+Loaded by vLLM through ``kv_transfer_config={"kv_connector": "HsxConnector",
+"kv_connector_module_path": "extractor.connector", "kv_role": "kv_producer",
+"kv_connector_extra_config": {"hsx": ConnectorConfig(...)}}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.config import VllmConfig, get_layers_from_vllm_config
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    SupportsHMA,
+)
+
+from extractor.completion import CompletionSender
+from extractor.connector.gather import CudaGatherer, Gathered, gather_cpu
+from extractor.connector.metadata import HsxConnectorMetadata, SendJob
+from extractor.connector.sender import BlockSender
+from runtime.settings import KafkaSettings
+from schemas.connector import EXTRA_CONFIG_KEY, PARAMS_KEY, ConnectorConfig
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+log = logging.getLogger(__name__)
+
+
+def _hidden_state_group(kv_cache_config: KVCacheConfig | None) -> int:
+    """Index of the KV cache group holding the hidden states: its own group for
+    hybrid models, the only group when every layer is full attention."""
+    if kv_cache_config is None:
+        return 0
+    from vllm.v1.kv_cache_interface import HiddenStateCacheSpec
+
+    groups = kv_cache_config.kv_cache_groups
+    matches = [i for i, g in enumerate(groups) if isinstance(g.kv_cache_spec, HiddenStateCacheSpec)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches and len(groups) == 1:
+        return 0
+    raise ValueError(f"cannot tell which of {len(groups)} KV cache groups holds the hidden states")
+
+
+class HsxConnector(KVConnectorBase_V1, SupportsHMA):
+    """Streams hidden states to Kafka; see the module docstring for the protocol."""
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        self._config = ConnectorConfig.model_validate(extra.get(EXTRA_CONFIG_KEY), strict=False)
+        self._group = _hidden_state_group(kv_cache_config)
+        self._block_size = (
+            kv_cache_config.kv_cache_groups[self._group].kv_cache_spec.block_size
+            if kv_cache_config is not None
+            else vllm_config.cache_config.block_size
+        )
+        draft = vllm_config.speculative_config.draft_model_config.hf_config
+        requested = list(draft.eagle_aux_hidden_state_layer_ids)
+        # vLLM stores the layers in sorted order (models/interfaces.py), so cache
+        # row j holds sorted(layer_ids)[j].
+        self._layer_ids = sorted(set(requested))
+        if len(self._layer_ids) != len(requested):
+            raise ValueError(f"duplicate hidden-state layer ids {requested}")
+
+        # Scheduler side: jobs created by request_finished, shipped by the next
+        # build_connector_meta.
+        self._outbox: list[SendJob] = []
+        # Worker side, created in register_kv_caches.
+        self._cache: torch.Tensor | None = None
+        self._cuda: CudaGatherer | None = None
+        self._sender: BlockSender | None = None
+        self._waiting: deque[SendJob] = deque()
+
+    # ==== scheduler side ===============================================================
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        return 0, False  # we never load anything into the cache
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        pass
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = HsxConnectorMetadata(sends=self._outbox)
+        self._outbox = []
+        return meta
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        from vllm.v1.request import RequestStatus
+
+        params = (request.kv_transfer_params or {}).get(PARAMS_KEY)
+        if params is None:
+            log.warning("request %s carries no hsx parameters; its hidden states are not sent", request.request_id)
+            return False, None
+        if request.status == RequestStatus.FINISHED_ABORTED or not block_ids:
+            # Aborted (or never scheduled): nothing complete to send; the
+            # extractor sees no completion and treats the attempt as not done.
+            return False, None
+        self._outbox.append(
+            SendJob(
+                engine_request_id=request.request_id,
+                block_ids=list(block_ids),
+                token_ids=list(request.prompt_token_ids or []),
+                params=params,
+            )
+        )
+        return True, None
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self.request_finished(request, block_ids[self._group])
+
+    # ==== worker side ==================================================================
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionLayer
+
+        names = list(get_layers_from_vllm_config(self._vllm_config, CacheOnlyAttentionLayer, list(kv_caches)))
+        if len(names) != 1:
+            raise ValueError(f"expected one hidden-state cache layer, found {names}")
+        cache = kv_caches[names[0]]
+        if cache.dim() != 4 or cache.shape[1] != len(self._layer_ids) or cache.shape[2] != self._block_size:
+            raise ValueError(
+                f"hidden-state cache {tuple(cache.shape)} is not [blocks, {len(self._layer_ids)} layers, "
+                f"{self._block_size} slots, hidden]"
+            )
+        self._cache = cache
+        self._cuda = CudaGatherer(cache) if cache.is_cuda else None
+        if self._is_sending_rank():
+            self._sender = BlockSender(
+                self._config, KafkaSettings(), self._layer_ids, CompletionSender(self._config.completion_address)
+            )
+
+    def _is_sending_rank(self) -> bool:
+        """Only tensor-parallel rank 0 produces: every rank holds the same hidden states."""
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        try:
+            return get_tensor_model_parallel_rank() == 0
+        except AssertionError:  # no TP group initialised: a single worker
+            return True
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        pass
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        pass  # the dummy draft model already wrote the cache; we read it when a request ends
+
+    def wait_for_save(self) -> None:
+        pass
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self._sender is None:
+            return None, None
+        if self.has_connector_metadata():
+            meta = self._get_connector_metadata()
+            assert isinstance(meta, HsxConnectorMetadata)
+            self._waiting.extend(meta.sends)
+        self._start_waiting()
+        finished = self._sender.take_finished()
+        return finished or None, None
+
+    def _start_waiting(self) -> None:
+        """Gather and submit queued jobs while the in-flight budget allows."""
+        assert self._cache is not None and self._sender is not None
+        _, layers, _, hidden = self._cache.shape
+        row_bytes = layers * hidden * self._cache.element_size()
+        while self._waiting and self._sender.has_room(len(self._waiting[0].token_ids) * row_bytes):
+            job = self._waiting.popleft()
+            self._sender.submit(job, self._gather(job))
+
+    def _gather(self, job: SendJob) -> Gathered:
+        assert self._cache is not None
+        if self._cuda is not None:
+            return self._cuda.gather(self._cache, job.block_ids, len(job.token_ids), self._block_size)
+        return gather_cpu(self._cache, job.block_ids, len(job.token_ids), self._block_size)
+
+    def get_finished_count(self) -> int | None:
+        return 1  # only rank 0 reports sends
+
+    def shutdown(self) -> None:
+        if self._sender is not None:
+            self._sender.close()
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        return "LBNHC"  # as vLLM's own hidden-states connector

@@ -1,0 +1,265 @@
+"""Worker side of the connector, after the gather: cut a request's hidden states
+into blocks of whole tokens, compress them on a thread pool, produce block records
+in order and then the manifest, and declare the request finished only when Kafka
+acknowledged every record.
+
+Threads: vLLM's worker thread submits; the compression pool encodes and produces
+(``Producer.produce`` is thread-safe); one poller thread serves delivery callbacks,
+which complete transfers. Nothing here blocks vLLM's worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from confluent_kafka import KafkaError, Message
+
+from extractor.completion import CompletionSender
+from extractor.connector.gather import Gathered
+from extractor.connector.metadata import SendJob
+from runtime.kafka import make_producer
+from runtime.settings import KafkaSettings
+from schemas import BlockRecordHeaders, BlockRef, DType, Manifest, RecordKind
+from schemas.codec import encode_block, read_header
+from schemas.connector import CompletionReport, ConnectorConfig, RequestParams
+
+log = logging.getLogger(__name__)
+
+TORCH_TO_DTYPE = {torch.float32: DType.FLOAT32, torch.bfloat16: DType.BFLOAT16, torch.float16: DType.FLOAT16}
+
+
+@dataclass
+class _Transfer:
+    """State of one request attempt in flight."""
+
+    job: SendJob
+    params: RequestParams
+    gathered: Gathered
+    ranges: list[tuple[int, int]]
+    raw_bytes: int
+    encoded: list[bytes | None] = field(default_factory=list)
+    encoding: int = 0
+    """Blocks still on the compression pool."""
+    next_to_produce: int = 0
+    unacked: int = 0
+    manifest_sent: bool = False
+    completed: bool = False
+    compressed_bytes: int = 0
+    error: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class BlockSender:
+    """Sends gathered hidden states to ``hidden_states.blocks``; bounded by
+    ``max_inflight_bytes`` of raw hidden states not yet acknowledged."""
+
+    def __init__(
+        self,
+        config: ConnectorConfig,
+        kafka: KafkaSettings,
+        layer_ids: list[int],
+        completions: CompletionSender,
+    ) -> None:
+        self._config = config
+        self._layer_ids = layer_ids
+        self._completions = completions
+        self._producer = make_producer(
+            kafka,
+            # Room for every byte we allow in flight, so produce() never finds the
+            # local queue full under the budget.
+            **{"queue.buffering.max.kbytes": min(2**31 - 1, 2 * config.max_inflight_bytes // 1024)},
+        )
+        self._pool = ThreadPoolExecutor(config.compress_threads, thread_name_prefix="hsx-encode")
+        self._lock = threading.Lock()
+        self._finished: set[str] = set()
+        self._inflight_bytes = 0
+        self._inflight = 0
+        self._closing = threading.Event()
+        self._poller = threading.Thread(target=self._poll, name="hsx-kafka-poll", daemon=True)
+        self._poller.start()
+
+    # -- called from vLLM's worker thread -------------------------------------------
+
+    def has_room(self, nbytes: int) -> bool:
+        """Whether a request of ``nbytes`` raw bytes fits the in-flight budget (one
+        request always fits when nothing else is in flight)."""
+        with self._lock:
+            return self._inflight == 0 or self._inflight_bytes + nbytes <= self._config.max_inflight_bytes
+
+    def submit(self, job: SendJob, gathered: Gathered) -> None:
+        """Start sending one request's hidden states."""
+        params = RequestParams.model_validate(job.params)
+        tokens, layers, hidden = gathered.tensor.shape
+        row_bytes = layers * hidden * gathered.tensor.element_size()
+        per_block = max(1, self._config.block_bytes // row_bytes)
+        ranges = [(start, min(start + per_block, tokens)) for start in range(0, tokens, per_block)]
+        transfer = _Transfer(job, params, gathered, ranges, raw_bytes=tokens * row_bytes)
+        transfer.encoded = [None] * len(ranges)
+        transfer.encoding = len(ranges)
+        with self._lock:
+            self._inflight += 1
+            self._inflight_bytes += transfer.raw_bytes
+        for index in range(len(ranges)):
+            self._pool.submit(self._encode, transfer, index).add_done_callback(
+                lambda f, t=transfer, i=index: self._encoded(t, i, f)
+            )
+
+    def take_finished(self) -> set[str]:
+        """Engine request ids whose transfer ended (acknowledged or failed) since
+        the last call; vLLM may free their blocks now."""
+        with self._lock:
+            finished, self._finished = self._finished, set()
+        return finished
+
+    # -- compression pool -------------------------------------------------------------
+
+    def _encode(self, transfer: _Transfer, index: int) -> bytes:
+        start, end = transfer.ranges[index]
+        rows = transfer.gathered.wait()[start:end]
+        return encode_block(
+            rows.view(torch.uint8).numpy(),
+            shape=tuple(rows.shape),  # type: ignore[arg-type]
+            dtype=TORCH_TO_DTYPE[rows.dtype],
+            token_start=start,
+            codec=self._config.codec,
+            level=self._config.codec_level,
+        )
+
+    def _encoded(self, transfer: _Transfer, index: int, future: Future[bytes]) -> None:
+        with transfer.lock:
+            transfer.encoding -= 1
+            if future.exception() is not None:
+                transfer.error = transfer.error or f"encoding block {index} failed: {future.exception()!r}"
+            else:
+                transfer.encoded[index] = future.result()
+            self._produce_ready(transfer)
+
+    def _produce_ready(self, transfer: _Transfer) -> None:
+        """Produce every block that is encoded and next in order, then the manifest.
+        Called with ``transfer.lock`` held."""
+        if transfer.error is None:
+            while transfer.next_to_produce < len(transfer.ranges):
+                value = transfer.encoded[transfer.next_to_produce]
+                if value is None:
+                    return
+                self._produce_block(transfer, transfer.next_to_produce, value)
+                transfer.next_to_produce += 1
+            if not transfer.manifest_sent:
+                self._produce_manifest(transfer)
+        self._maybe_complete(transfer)
+
+    def _produce_block(self, transfer: _Transfer, index: int, value: bytes) -> None:
+        headers = BlockRecordHeaders(
+            kind=RecordKind.BLOCK, attempt_id=transfer.params.attempt_id, block_index=index, codec=self._config.codec
+        )
+        self._produce(transfer, value, headers)
+        transfer.compressed_bytes += len(value)
+
+    def _produce_manifest(self, transfer: _Transfer) -> None:
+        params = transfer.params
+        tensor = transfer.gathered.tensor
+        blocks = []
+        for index, value in enumerate(transfer.encoded):
+            assert value is not None
+            header, _ = read_header(value)
+            blocks.append(
+                BlockRef(
+                    index=index,
+                    token_start=header.token_start,
+                    token_end=header.token_end,
+                    checksum=header.checksum,
+                    compressed_nbytes=len(value),
+                )
+            )
+        manifest = Manifest(
+            request_id=params.request_id,
+            attempt_id=params.attempt_id,
+            model=self._config.model,
+            layer_ids=self._layer_ids,
+            dtype=TORCH_TO_DTYPE[tensor.dtype],
+            hidden_size=tensor.shape[2],
+            num_tokens=tensor.shape[0],
+            token_ids=transfer.job.token_ids,
+            loss_mask_spans=params.loss_mask_spans,
+            codec=self._config.codec,
+            blocks=blocks,
+            metadata=params.metadata,
+            source=params.source,
+        )
+        self._produce(transfer, manifest.model_dump_json().encode(), BlockRecordHeaders(
+            kind=RecordKind.MANIFEST, attempt_id=params.attempt_id))
+        transfer.manifest_sent = True
+        transfer.encoded = []  # the bytes now live in the producer's queue
+
+    def _produce(self, transfer: _Transfer, value: bytes, headers: BlockRecordHeaders) -> None:
+        key = transfer.params.request_id.encode()
+        while True:
+            try:
+                self._producer.produce(
+                    self._config.blocks_topic,
+                    value=value,
+                    key=key,
+                    headers=headers.to_kafka(),
+                    on_delivery=lambda err, msg, t=transfer: self._delivered(t, err, msg),
+                )
+                transfer.unacked += 1
+                return
+            except BufferError:
+                # Local queue full (only above the budget): the poller frees room.
+                time.sleep(0.01)
+
+    # -- Kafka poller thread ------------------------------------------------------------
+
+    def _poll(self) -> None:
+        while not self._closing.is_set():
+            self._producer.poll(0.1)
+
+    def _delivered(self, transfer: _Transfer, err: KafkaError | None, msg: Message) -> None:
+        with transfer.lock:
+            transfer.unacked -= 1
+            if err is not None and transfer.error is None:
+                transfer.error = f"Kafka rejected a record of {transfer.params.request_id}: {err.str()}"
+            self._maybe_complete(transfer)
+
+    def _maybe_complete(self, transfer: _Transfer) -> None:
+        """Called with ``transfer.lock`` held: finish once nothing is outstanding."""
+        settled = transfer.manifest_sent or transfer.error is not None
+        if transfer.completed or not settled or transfer.unacked or transfer.encoding:
+            return
+        transfer.completed = True
+        report = CompletionReport(
+            request_id=transfer.params.request_id,
+            attempt_id=transfer.params.attempt_id,
+            ok=transfer.error is None,
+            error=transfer.error,
+            num_tokens=transfer.gathered.tensor.shape[0],
+            raw_bytes=transfer.raw_bytes,
+            compressed_bytes=transfer.compressed_bytes,
+        )
+        if transfer.error:
+            log.error("transfer of %s failed: %s", transfer.params.request_id, transfer.error)
+        if transfer.gathered.release is not None:
+            transfer.gathered.release()
+        self._completions.send(report)
+        with self._lock:
+            self._inflight -= 1
+            self._inflight_bytes -= transfer.raw_bytes
+            self._finished.add(transfer.job.engine_request_id)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Wait for outstanding records (up to ``timeout``), then stop threads."""
+        self._pool.shutdown(wait=True)
+        self._producer.flush(timeout)
+        self._closing.set()
+        self._poller.join(timeout=5)
+        self._completions.close()
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {"inflight": self._inflight, "inflight_bytes": self._inflight_bytes}

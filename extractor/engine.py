@@ -1,0 +1,91 @@
+"""The in-process vLLM engine: ``AsyncLLM`` configured for ``extract_hidden_states``
+with the hsx connector."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.connector import EXTRA_CONFIG_KEY, PARAMS_KEY, ConnectorConfig, RequestParams
+
+
+def default_layer_ids(num_hidden_layers: int) -> list[int]:
+    """EAGLE-3's choice: a low, a middle and a high layer, plus the last layer's
+    output (id ``num_hidden_layers``, before the final norm)."""
+    n = num_hidden_layers
+    return sorted({min(2, n - 1), n // 2, max(n - 3, 0), n})
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """vLLM settings the extractor exposes; ``engine_args`` passes anything else
+    (e.g. ``gpu_memory_utilization``) straight to ``AsyncEngineArgs``."""
+
+    model: str
+    layer_ids: list[int]
+    dtype: str = "auto"
+    max_model_len: int = 4096
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enforce_eager: bool = False
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+
+def engine_args(options: EngineOptions, connector: ConnectorConfig) -> Any:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    optional = {
+        k: v
+        for k, v in (("max_num_seqs", options.max_num_seqs), ("max_num_batched_tokens", options.max_num_batched_tokens))
+        if v is not None
+    }
+    return AsyncEngineArgs(
+        model=options.model,
+        dtype=options.dtype,
+        max_model_len=options.max_model_len,
+        tensor_parallel_size=options.tensor_parallel_size,
+        data_parallel_size=options.data_parallel_size,
+        enforce_eager=options.enforce_eager,
+        # Prefix caching stays on: a cached prefix carries its hidden states with it.
+        enable_prefix_caching=True,
+        speculative_config={
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(options.layer_ids)}},
+        },
+        kv_transfer_config={
+            "kv_connector": "HsxConnector",
+            "kv_connector_module_path": "extractor.connector",
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {EXTRA_CONFIG_KEY: connector.model_dump(mode="json")},
+        },
+        **optional,
+        **options.engine_args,
+    )
+
+
+class Engine:
+    """One ``AsyncLLM``; must live on a single event loop for its lifetime."""
+
+    def __init__(self, options: EngineOptions, connector: ConnectorConfig) -> None:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._llm = AsyncLLM.from_engine_args(engine_args(options, connector))
+
+    async def prefill(self, token_ids: list[int], params: RequestParams) -> None:
+        """Run one prompt (max_tokens=1). Returns when vLLM's output is back: the
+        hidden states are in the cache, *not yet* in Kafka."""
+        from vllm import SamplingParams, TokensPrompt
+
+        sampling = SamplingParams(
+            max_tokens=1,
+            temperature=0.0,
+            extra_args={"kv_transfer_params": {PARAMS_KEY: params.model_dump(mode="json")}},
+        )
+        async for _ in self._llm.generate(TokensPrompt(prompt_token_ids=token_ids), sampling, request_id=params.attempt_id):
+            pass
+
+    def shutdown(self) -> None:
+        self._llm.shutdown()

@@ -1,0 +1,113 @@
+"""Turning a validated prompt event into the exact token ids the engine sees,
+and the loss mask of a chat.
+
+The extractor tokenizes itself (vLLM receives token ids), so the ids in the
+manifest are by construction those of the model's tokenizer / chat template, and
+the loss mask lines up with them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from schemas import Message, PromptEvent
+
+
+class PromptRejected(ValueError):
+    """A prompt that only the model can judge as bad; goes to the DLQ."""
+
+    def __init__(self, error_class: str, message: str) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+
+
+@dataclass(frozen=True)
+class PreparedPrompt:
+    token_ids: list[int]
+    loss_mask_spans: list[tuple[int, int]] | None
+    """Token ranges ``[start, end)`` of the assistant turns (chats only)."""
+
+
+class PromptPreparer:
+    """Tokenizes text, renders chats with the model's chat template, and enforces
+    what the model allows (vocabulary, context length)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int) -> None:
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        # max_tokens=1: the prompt plus one sampled token must fit the context.
+        self._max_prompt_tokens = max_model_len - 1
+
+    def prepare(self, event: PromptEvent) -> PreparedPrompt:
+        """Raises :class:`PromptRejected` with a rule name and a reason."""
+        if event.prompt is not None:
+            prepared = PreparedPrompt(self._tokenizer(event.prompt)["input_ids"], None)
+        elif event.token_ids is not None:
+            prepared = PreparedPrompt(list(event.token_ids), None)
+            self._check_vocabulary(prepared.token_ids)
+        else:
+            assert event.messages is not None
+            prepared = self._chat(event.messages)
+        if not prepared.token_ids:
+            raise PromptRejected("empty_prompt", "the prompt is empty after tokenization")
+        if len(prepared.token_ids) > self._max_prompt_tokens:
+            raise PromptRejected(
+                "prompt_too_long",
+                f"{len(prepared.token_ids)} tokens; at most {self._max_prompt_tokens} fit max_model_len",
+            )
+        return prepared
+
+    def _check_vocabulary(self, token_ids: list[int]) -> None:
+        bad = [(i, t) for i, t in enumerate(token_ids) if t >= self._vocab_size]
+        if bad:
+            index, token = bad[0]
+            raise PromptRejected(
+                "token_out_of_vocabulary",
+                f"token_ids.{index} = {token} is outside the vocabulary of {self._vocab_size}"
+                + (f" ({len(bad)} such ids)" if len(bad) > 1 else ""),
+            )
+
+    def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+        try:
+            return self._tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        except Exception as exc:  # jinja2 errors, raise_exception() in templates, missing template
+            raise PromptRejected("chat_template_error", f"the chat template rejected the messages: {exc}") from exc
+
+    def _chat(self, messages: list[Message]) -> PreparedPrompt:
+        dicts = [{"role": m.role, "content": m.content} for m in messages]
+        text = self._render(dicts)
+        char_spans = []
+        for i, message in enumerate(messages):
+            if message.role != "assistant":
+                continue
+            # The assistant turn is what rendering it adds after the generation
+            # prompt of the conversation so far. This needs a template whose
+            # renderings of prefixes are prefixes of the full rendering.
+            before = self._render(dicts[:i], add_generation_prompt=True) if i else ""
+            upto = self._render(dicts[: i + 1])
+            if not (upto.startswith(before) and text.startswith(upto)):
+                raise PromptRejected(
+                    "chat_template_unsupported",
+                    "the chat template does not render conversation prefixes as prefixes, "
+                    f"so the assistant turn {i} cannot be located",
+                )
+            char_spans.append((len(before), len(upto)))
+        encoding = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        spans = _token_spans(encoding["offset_mapping"], char_spans)
+        return PreparedPrompt(encoding["input_ids"], spans)
+
+
+def _token_spans(offsets: list[tuple[int, int]], char_spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Token ranges of the tokens overlapping any character span."""
+    spans: list[tuple[int, int]] = []
+    for index, (start, end) in enumerate(offsets):
+        if not any(start < span_end and end > span_start for span_start, span_end in char_spans):
+            continue
+        if spans and spans[-1][1] == index:
+            spans[-1] = (spans[-1][0], index + 1)
+        else:
+            spans.append((index, index + 1))
+    return spans

@@ -1,0 +1,344 @@
+"""The extractor service: a consumer-group member on ``prompts`` that feeds vLLM.
+
+Data flows one way: consume → validate and tokenize → prefill in vLLM → wait for
+the connector's completion report (records acknowledged by Kafka) → mark the
+offset done → commit the partition's watermark. Bad prompts go to the DLQ, whose
+acknowledgement also counts as done, so a partition never stalls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from pydantic import ValidationError
+
+from extractor.completion import CompletionReceiver
+from extractor.engine import Engine, EngineOptions
+from extractor.prompts import PreparedPrompt, PromptPreparer, PromptRejected
+from extractor.watermark import Watermarks
+from runtime.kafka import consumer_config, ensure_topics, make_producer
+from runtime.settings import KafkaSettings, TopicSettings
+from schemas import DEFAULT_LIMITS, DlqHeaders, PromptEvent, PromptLimits, SourceRef, format_validation_error
+from schemas.connector import ConnectorConfig, RequestParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExtractorOptions:
+    group_id: str = "hsx-extractor"
+    max_inflight: int = 64
+    """Prompts consumed but not finished; beyond it partitions are paused."""
+    max_attempts: int = 3
+    completion_timeout: float = 600.0
+    """Seconds to wait for the connector's report after vLLM's output."""
+    commit_interval: float = 1.0
+    session_timeout_ms: int = 10_000
+    exit_when_idle: float | None = None
+    """Stop after this many seconds with nothing to do (batch runs)."""
+    drain_timeout: float = 300.0
+    """On SIGTERM, how long in-flight prompts may take to finish."""
+
+
+@dataclass
+class ExtractorStats:
+    prompts_done: int = 0
+    tokens: int = 0
+    raw_bytes: int = 0
+    compressed_bytes: int = 0
+    dead_lettered: int = 0
+    retries: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def describe(self) -> str:
+        seconds = time.monotonic() - self.started
+        ratio = self.raw_bytes / self.compressed_bytes if self.compressed_bytes else 0.0
+        return (
+            f"{self.prompts_done} prompts, {self.tokens} tokens ({self.tokens / max(seconds, 1e-9):.0f} tokens/s), "
+            f"{self.raw_bytes} raw → {self.compressed_bytes} compressed bytes ({ratio:.2f}x), "
+            f"{self.dead_lettered} dead-lettered, {self.retries} retries"
+        )
+
+
+class FatalError(RuntimeError):
+    """The service cannot go on safely (engine dead, DLQ unreachable)."""
+
+
+class Extractor:
+    """One extractor process: Kafka consumer + vLLM engine + completion channel."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        topics: TopicSettings,
+        engine_options: EngineOptions,
+        connector: ConnectorConfig,
+        options: ExtractorOptions = ExtractorOptions(),
+        limits: PromptLimits = DEFAULT_LIMITS,
+    ) -> None:
+        self.kafka = kafka
+        self.topic_settings = topics
+        self.topics = topics.topics()
+        self.engine_options = engine_options
+        self.connector = connector
+        self.options = options
+        self.limits = limits
+        self.stats = ExtractorStats()
+        self._marks = Watermarks()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = asyncio.Event()
+        self._fatal: BaseException | None = None
+        self._last_activity = time.monotonic()
+        self._paused = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def run(self) -> ExtractorStats:
+        """Run until stopped (SIGTERM/SIGINT, idle timeout); drain, commit, leave."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        ensure_topics(self.kafka, self.topic_settings, [self.topics.prompts, self.topics.prompts_dlq, self.topics.blocks])
+        # The connector runs in vLLM's processes and reads Kafka settings from the
+        # environment it inherits (secrets stay out of vLLM's logged config).
+        os.environ["HSX_KAFKA_BOOTSTRAP"] = self.kafka.bootstrap
+        with tempfile.TemporaryDirectory(prefix="hsx-extractor-") as tmp:
+            self._completions = CompletionReceiver(Path(tmp))
+            self._completions.start()
+            connector = self.connector.model_copy(update={"completion_address": self._completions.address})
+            self._engine = Engine(self.engine_options, connector)
+            try:
+                self._preparer = _preparer(self.engine_options)
+                self._dlq = make_producer(self.kafka)
+                self._consumer = Consumer(
+                    consumer_config(
+                        self.kafka,
+                        self.options.group_id,
+                        **{
+                            "session.timeout.ms": self.options.session_timeout_ms,
+                            "max.poll.interval.ms": max(600_000, int(self.options.completion_timeout * 2000)),
+                        },
+                    )
+                )
+                self._consumer.subscribe(
+                    [self.topics.prompts], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+                )
+                await self._consume_loop()
+                await self._drain()
+            finally:
+                self._close()
+                await self._completions.close()
+        if self._fatal is not None:
+            raise FatalError(str(self._fatal)) from self._fatal
+        log.info("extractor finished: %s", self.stats.describe())
+        return self.stats
+
+    def stop(self) -> None:
+        """Stop fetching; in-flight prompts finish, then the service commits and leaves."""
+        log.info("stopping: draining %d in-flight prompts", len(self._tasks))
+        self._stopping.set()
+
+    async def _consume_loop(self) -> None:
+        last_commit = self._last_activity = time.monotonic()  # engine start-up is not idleness
+        while not self._stopping.is_set():
+            self._dlq.poll(0)
+            self._apply_backpressure()
+            room = max(1, self.options.max_inflight - len(self._tasks))
+            messages = self._consumer.consume(num_messages=room, timeout=0)
+            for message in messages:
+                self._accept(message)
+            if time.monotonic() - last_commit >= self.options.commit_interval:
+                self._commit()
+                last_commit = time.monotonic()
+            if self._idle_expired():
+                log.info("idle for %.0fs: stopping", self.options.exit_when_idle)
+                self._stopping.set()
+            await asyncio.sleep(0 if messages else 0.02)
+
+    async def _drain(self) -> None:
+        self._consumer.pause(self._consumer.assignment())
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=self.options.drain_timeout)
+        self._dlq.flush(30)
+        self._commit()
+
+    def _close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if hasattr(self, "_consumer"):
+            self._consumer.close()  # leaves the group: partitions move on at once
+        self._engine.shutdown()
+
+    def _idle_expired(self) -> bool:
+        idle = self.options.exit_when_idle
+        return idle is not None and not self._tasks and time.monotonic() - self._last_activity >= idle
+
+    # -- consumer-group callbacks ------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("assigned %s", [(p.topic, p.partition) for p in partitions])
+        self._last_activity = time.monotonic()
+        if self._paused:
+            consumer.pause(partitions)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Commit what is finished of the revoked partitions, never past unfinished
+        work; prompts still running for them finish but are not committed here
+        (the new owner reprocesses them; the sink drops the duplicates)."""
+        log.info("revoked %s", [(p.topic, p.partition) for p in partitions])
+        revoked = {(p.topic, p.partition) for p in partitions}
+        self._commit(only=revoked)
+        for tp in revoked:
+            self._marks.forget(tp)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.warning("lost %s without a chance to commit", [(p.topic, p.partition) for p in partitions])
+        for p in partitions:
+            self._marks.forget((p.topic, p.partition))
+
+    # -- per record -----------------------------------------------------------------------------
+
+    def _apply_backpressure(self) -> None:
+        full = len(self._tasks) >= self.options.max_inflight
+        if full != self._paused:
+            assignment = self._consumer.assignment()
+            (self._consumer.pause if full else self._consumer.resume)(assignment)
+            self._paused = full
+
+    def _accept(self, message: Message) -> None:
+        error = message.error()
+        if error is not None:
+            if error.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer error: %s", error)
+            return
+        self._last_activity = time.monotonic()
+        self._marks.track((message.topic(), message.partition()), message.offset())
+        task = asyncio.get_running_loop().create_task(self._process(message))
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._last_activity = time.monotonic()
+        if not task.cancelled() and task.exception() is not None and self._fatal is None:
+            self._fatal = task.exception()
+            log.error("fatal: %r", self._fatal)
+            self._stopping.set()
+
+    async def _process(self, message: Message) -> None:
+        source = SourceRef(topic=message.topic(), partition=message.partition(), offset=message.offset())
+        try:
+            event = PromptEvent.model_validate_json(message.value() or b"", context={"limits": self.limits})
+        except ValidationError as exc:
+            self._dead_letter(message, "invalid_event", format_validation_error(exc))
+            return
+        try:
+            prepared = self._preparer.prepare(event)
+        except PromptRejected as exc:
+            self._dead_letter(message, exc.error_class, str(exc))
+            return
+        error = await self._extract(event, prepared, source)
+        if error is None:
+            self._done(source)
+        else:
+            self._dead_letter(message, *error)
+
+    async def _extract(
+        self, event: PromptEvent, prepared: PreparedPrompt, source: SourceRef
+    ) -> tuple[str, str] | None:
+        """Run attempts until one is acknowledged; returns ``None`` on success or
+        the (rule, reason) to dead-letter with."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        reason = "no attempt made"
+        for attempt in range(1, self.options.max_attempts + 1):
+            params = RequestParams(
+                request_id=event.request_id,
+                attempt_id=uuid.uuid4().hex,
+                source=source,
+                loss_mask_spans=prepared.loss_mask_spans,
+                metadata=event.metadata,
+            )
+            future = self._completions.expect(params.attempt_id)
+            try:
+                await self._engine.prefill(prepared.token_ids, params)
+                report = await asyncio.wait_for(future, self.options.completion_timeout)
+            except EngineDeadError:
+                raise
+            except ValueError as exc:  # vLLM's input validation: retrying cannot help
+                self._completions.forget(params.attempt_id)
+                return "engine_rejected", f"vLLM rejected the prompt: {exc}"
+            except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - retried, then dead-lettered
+                self._completions.forget(params.attempt_id)
+                reason = f"attempt {attempt}: {exc!r}"
+            else:
+                if report.ok:
+                    self.stats.prompts_done += 1
+                    self.stats.tokens += report.num_tokens
+                    self.stats.raw_bytes += report.raw_bytes
+                    self.stats.compressed_bytes += report.compressed_bytes
+                    return None
+                reason = f"attempt {attempt}: {report.error}"
+            log.warning("extraction of %s failed (%s)%s", event.request_id, reason,
+                        "; retrying" if attempt < self.options.max_attempts else "")
+            self.stats.retries += attempt < self.options.max_attempts
+        return "extraction_failed", reason
+
+    def _done(self, source: SourceRef) -> None:
+        self._marks.done((source.topic, source.partition), source.offset)
+
+    def _dead_letter(self, message: Message, error_class: str, reason: str) -> None:
+        """Publish the original record to the DLQ; its offset is done once Kafka
+        acknowledged the dead letter."""
+        log.warning("dead-lettering %s/%d@%d: %s: %s", message.topic(), message.partition(), message.offset(),
+                    error_class, reason)
+        headers = DlqHeaders.build(
+            error_class, reason, service="extractor", source_topic=message.topic(),
+            source_partition=message.partition(), source_offset=message.offset(),
+        )
+        source = SourceRef(topic=message.topic(), partition=message.partition(), offset=message.offset())
+
+        def delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is None:
+                self.stats.dead_lettered += 1
+                self._done(source)
+            elif self._fatal is None:
+                # Never commit past a record we could not account for: stop, and let
+                # the restart reprocess it.
+                self._fatal = FatalError(f"dead-letter topic unreachable: {err.str()}")
+                self._stopping.set()
+
+        self._dlq.produce(
+            self.topics.prompts_dlq, value=message.value(), key=message.key(), headers=headers.to_kafka(),
+            on_delivery=delivered,
+        )
+
+    def _commit(self, only: set[tuple[str, int]] | None = None) -> None:
+        positions = {tp: o for tp, o in self._marks.to_commit().items() if only is None or tp in only}
+        if not positions:
+            return
+        try:
+            self._consumer.commit(
+                offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()], asynchronous=False
+            )
+        except KafkaException as exc:
+            log.warning("commit failed (will retry): %s", exc)
+            return
+        self._marks.committed(positions)
+
+
+def _preparer(options: EngineOptions) -> PromptPreparer:
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(options.model)
+    text_config = getattr(config, "get_text_config", lambda: config)()
+    return PromptPreparer(AutoTokenizer.from_pretrained(options.model), text_config.vocab_size, options.max_model_len)

@@ -1,0 +1,62 @@
+"""The local contract between the extractor process and its connector, which runs
+inside vLLM's engine processes: per-request parameters going in (through
+``SamplingParams.extra_args["kv_transfer_params"]``), connector configuration
+(through ``kv_connector_extra_config``), and completion reports coming back over
+the completion channel."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, JsonValue
+
+from schemas.blocks import AttemptId, Codec, PositiveInt, SourceRef
+from schemas.common import NonNegativeInt, RequestId, StrictModel
+
+PARAMS_KEY = "hsx"
+"""Key of :class:`RequestParams` inside a request's ``kv_transfer_params``."""
+EXTRA_CONFIG_KEY = "hsx"
+"""Key of :class:`ConnectorConfig` inside ``kv_connector_extra_config``."""
+
+
+class RequestParams(StrictModel):
+    """What the connector needs to know about one request beyond its tokens."""
+
+    request_id: RequestId
+    attempt_id: AttemptId
+    source: SourceRef
+    loss_mask_spans: list[tuple[NonNegativeInt, PositiveInt]] | None = None
+    metadata: dict[str, JsonValue] | None = None
+
+
+class ConnectorConfig(StrictModel):
+    """Connector settings chosen by the extractor. Kafka connection and security
+    settings are *not* here: vLLM logs its configuration, so the connector reads
+    them from the ``HSX_KAFKA_*`` environment it inherits."""
+
+    completion_address: str
+    """ZeroMQ address the extractor binds (``ipc://...``) and the connector pushes to."""
+    blocks_topic: str
+    model: str
+    """Model name recorded in every manifest."""
+    codec: Codec = Codec.BYTEPLANE_ZSTD
+    codec_level: int = 1
+    block_bytes: Annotated[int, Field(ge=4096)] = 1 << 20
+    """Target raw size of one block record; blocks hold whole tokens."""
+    compress_threads: Annotated[int, Field(ge=1, le=64)] = 2
+    max_inflight_bytes: Annotated[int, Field(ge=1 << 20)] = 512 << 20
+    """Raw hidden-state bytes gathered but not yet acknowledged by Kafka; requests
+    beyond it wait in vLLM's cache (their blocks stay pinned)."""
+
+
+class CompletionReport(StrictModel):
+    """The connector's verdict on one request attempt."""
+
+    request_id: RequestId
+    attempt_id: AttemptId
+    ok: bool
+    error: str | None = None
+    num_tokens: NonNegativeInt = 0
+    raw_bytes: NonNegativeInt = 0
+    compressed_bytes: NonNegativeInt = 0
+    kind: Literal["completion"] = "completion"
