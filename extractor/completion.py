@@ -68,6 +68,13 @@ class CompletionReceiver:
         self._waiting[attempt_id] = future
         return future
 
+    def fail_all(self, error: BaseException) -> None:
+        """Fail every outstanding wait (the engine died: no report will come)."""
+        waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            if not future.done():
+                future.set_exception(error)
+
     def forget(self, attempt_id: str) -> None:
         self._waiting.pop(attempt_id, None)
 

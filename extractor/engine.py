@@ -87,5 +87,10 @@ class Engine:
         async for _ in self._llm.generate(TokensPrompt(prompt_token_ids=token_ids), sampling, request_id=params.attempt_id):
             pass
 
+    @property
+    def dead(self) -> bool:
+        """The engine core died; nothing in flight will complete."""
+        return bool(self._llm.errored)
+
     def shutdown(self) -> None:
         self._llm.shutdown()

@@ -150,6 +150,9 @@ class Extractor:
     async def _consume_loop(self) -> None:
         last_commit = self._last_activity = time.monotonic()  # engine start-up is not idleness
         while not self._stopping.is_set():
+            if self._engine.dead:
+                self._fail(FatalError("the vLLM engine died (see its log above)"))
+                break
             self._dlq.poll(0)
             self._apply_backpressure()
             room = max(1, self.options.max_inflight - len(self._tasks))
@@ -229,10 +232,16 @@ class Extractor:
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self._last_activity = time.monotonic()
-        if not task.cancelled() and task.exception() is not None and self._fatal is None:
-            self._fatal = task.exception()
-            log.error("fatal: %r", self._fatal)
-            self._stopping.set()
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(task.exception())  # type: ignore[arg-type]
+
+    def _fail(self, error: BaseException) -> None:
+        """Stop without committing anything unfinished; a restart reprocesses it."""
+        if self._fatal is None:
+            self._fatal = error
+            log.error("fatal: %s", error)
+        self._stopping.set()
+        self._completions.fail_all(error)
 
     async def _process(self, message: Message) -> None:
         source = SourceRef(topic=message.topic(), partition=message.partition(), offset=message.offset())
@@ -272,7 +281,7 @@ class Extractor:
             try:
                 await self._engine.prefill(prepared.token_ids, params)
                 report = await asyncio.wait_for(future, self.options.completion_timeout)
-            except EngineDeadError:
+            except (EngineDeadError, FatalError):
                 raise
             except ValueError as exc:  # vLLM's input validation: retrying cannot help
                 self._completions.forget(params.attempt_id)
@@ -311,11 +320,9 @@ class Extractor:
             if err is None:
                 self.stats.dead_lettered += 1
                 self._done(source)
-            elif self._fatal is None:
-                # Never commit past a record we could not account for: stop, and let
-                # the restart reprocess it.
-                self._fatal = FatalError(f"dead-letter topic unreachable: {err.str()}")
-                self._stopping.set()
+            else:
+                # Never commit past a record we could not account for.
+                self._fail(FatalError(f"dead-letter topic unreachable: {err.str()}"))
 
         self._dlq.produce(
             self.topics.prompts_dlq, value=message.value(), key=message.key(), headers=headers.to_kafka(),

@@ -195,7 +195,10 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         row_bytes = layers * hidden * self._cache.element_size()
         while self._waiting and self._sender.has_room(len(self._waiting[0].token_ids) * row_bytes):
             job = self._waiting.popleft()
-            self._sender.submit(job, self._gather(job))
+            try:
+                self._sender.submit(job, self._gather(job))
+            except Exception as exc:  # noqa: BLE001 - one bad request must not kill the engine
+                self._sender.fail(job, f"{type(exc).__name__}: {exc}")
 
     def _gather(self, job: SendJob) -> Gathered:
         assert self._cache is not None

@@ -94,7 +94,8 @@ class BlockSender:
 
     def submit(self, job: SendJob, gathered: Gathered) -> None:
         """Start sending one request's hidden states."""
-        params = RequestParams.model_validate(job.params)
+        # Lax: the params crossed msgpack, where tuples become lists.
+        params = RequestParams.model_validate(job.params, strict=False)
         tokens, layers, hidden = gathered.tensor.shape
         row_bytes = layers * hidden * gathered.tensor.element_size()
         per_block = max(1, self._config.block_bytes // row_bytes)
@@ -109,6 +110,21 @@ class BlockSender:
             self._pool.submit(self._encode, transfer, index).add_done_callback(
                 lambda f, t=transfer, i=index: self._encoded(t, i, f)
             )
+
+    def fail(self, job: SendJob, reason: str) -> None:
+        """Give up on a job before it was submitted (e.g. the gather failed): report
+        the failure so the extractor retries, and let vLLM free the blocks."""
+        log.error("cannot send %s: %s", job.engine_request_id, reason)
+        try:
+            params = RequestParams.model_validate(job.params, strict=False)
+        except ValueError:
+            params = None  # unreadable params: the extractor's timeout retries it
+        if params is not None:
+            self._completions.send(
+                CompletionReport(request_id=params.request_id, attempt_id=params.attempt_id, ok=False, error=reason)
+            )
+        with self._lock:
+            self._finished.add(job.engine_request_id)
 
     def take_finished(self) -> set[str]:
         """Engine request ids whose transfer ended (acknowledged or failed) since
@@ -144,14 +160,17 @@ class BlockSender:
         """Produce every block that is encoded and next in order, then the manifest.
         Called with ``transfer.lock`` held."""
         if transfer.error is None:
-            while transfer.next_to_produce < len(transfer.ranges):
-                value = transfer.encoded[transfer.next_to_produce]
-                if value is None:
-                    return
-                self._produce_block(transfer, transfer.next_to_produce, value)
-                transfer.next_to_produce += 1
-            if not transfer.manifest_sent:
-                self._produce_manifest(transfer)
+            try:
+                while transfer.next_to_produce < len(transfer.ranges):
+                    value = transfer.encoded[transfer.next_to_produce]
+                    if value is None:
+                        return
+                    self._produce_block(transfer, transfer.next_to_produce, value)
+                    transfer.next_to_produce += 1
+                if not transfer.manifest_sent:
+                    self._produce_manifest(transfer)
+            except Exception as exc:  # noqa: BLE001 - e.g. a manifest that fails its own checks
+                transfer.error = f"{type(exc).__name__}: {exc}"
         self._maybe_complete(transfer)
 
     def _produce_block(self, transfer: _Transfer, index: int, value: bytes) -> None:

@@ -1,0 +1,188 @@
+"""The extractor end to end: a real broker, a real vLLM engine (``hsx extract``
+as a process), block records decoded and compared with HF transformers."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from hsx import models
+from runtime.kafka import ensure_topics
+from runtime.settings import KafkaSettings, TopicSettings
+from schemas import DlqHeaders
+from tests.engine_helpers import HFReference, Sample, max_relative_error, reassemble, run_extractor
+from tests.kafka_helpers import drain
+
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
+
+WORDS = ("the quick brown fox jumps over a lazy dog while streaming hidden states through kafka "
+         "into a sharded dataset for training speculative decoding draft models").split()
+
+
+def text(n_words: int, seed: int) -> str:
+    return " ".join(WORDS[(seed * 7 + i * 3) % len(WORDS)] for i in range(n_words))
+
+
+def good_prompts() -> list[dict]:
+    prompts: list[dict] = []
+    for i, n in enumerate([1, 5, 12, 30, 60, 120, 200, 8]):
+        prompts.append({"request_id": f"text-{i}", "prompt": text(n, i), "metadata": {"kind": "text", "i": i}})
+    for i, n in enumerate([1, 2, 9, 40, 77, 150]):
+        prompts.append({"request_id": f"ids-{i}", "token_ids": [(i * 31 + k * 17) % 400 + 3 for k in range(n)]})
+    chats = [
+        [("user", "Hi"), ("assistant", "Hello there")],
+        [("system", "Be brief."), ("user", text(6, 1)), ("assistant", text(9, 2))],
+        [("user", text(4, 3)), ("assistant", text(5, 4)), ("user", text(3, 5)), ("assistant", text(20, 6))],
+        [("system", ""), ("user", "question"), ("assistant", "answer"), ("tool", "{\"ok\": true}"), ("assistant", "done")],
+        [("user", text(50, 7))],
+        [("user", "a"), ("assistant", "b"), ("user", "c")],
+        [("system", text(10, 8)), ("user", text(10, 9)), ("assistant", text(40, 10))],
+        [("user", "long answer please"), ("assistant", text(90, 11))],
+    ]
+    for i, chat in enumerate(chats):
+        prompts.append({"request_id": f"chat-{i}", "messages": [{"role": r, "content": c} for r, c in chat],
+                        "metadata": {"kind": "chat"}})
+    return prompts
+
+
+BAD = {  # request id → (raw record, expected DLQ error class)
+    "bad-vocab": (orjson.dumps({"request_id": "bad-vocab", "token_ids": [5, 6, 10**6]}), "token_out_of_vocabulary"),
+    "bad-long": (orjson.dumps({"request_id": "bad-long", "prompt": text(900, 1)}), "prompt_too_long"),
+    "bad-json": (b"{\"request_id\": \"bad-json\", ", "invalid_event"),
+    "bad-role": (orjson.dumps({"request_id": "bad-role", "messages": [{"role": "bot", "content": "x"}]}), "invalid_event"),
+}
+
+
+@dataclass
+class Run:
+    model_dir: Path
+    tokenizer: object
+    prompts: list[dict]
+    samples: dict[str, list[Sample]]
+    dead: list
+    layer_ids: list[int]
+    committed: dict[int, int]
+    end_offsets: dict[int, int]
+
+
+def _publish(kafka: KafkaSettings, topic: str, prompts: list[dict]) -> None:
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True})
+    records = [(p["request_id"], orjson.dumps(p)) for p in prompts] + [(k, raw) for k, (raw, _) in BAD.items()]
+    for i, (key, value) in enumerate(records):
+        producer.produce(topic, value=value, key=key.encode())
+        if i % 5 == 0:  # interleave bad records with good ones in every partition
+            producer.poll(0)
+    assert producer.flush(30) == 0
+
+
+def _offsets(kafka: KafkaSettings, topic: str, group: str, partitions: int) -> tuple[dict[int, int], dict[int, int]]:
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group})
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=10)}
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+    finally:
+        consumer.close()
+    return committed, ends
+
+
+@pytest.fixture(scope="module", params=[("tiny-llama", "0,2,4"), ("smollm2-135m-instruct", None)],
+                ids=["tiny", "smollm2"])
+def run(request: pytest.FixtureRequest, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    from transformers import AutoTokenizer
+
+    name, layers = request.param
+    model_dir = models.prepare(names=[name])[name]
+    kafka = KafkaSettings(bootstrap=kafka_bootstrap)
+    suffix = uuid.uuid4().hex[:8]
+    topics = TopicSettings(prompts=f"p-{suffix}", prompts_dlq=f"p.dlq-{suffix}", blocks=f"b-{suffix}", partitions=3)
+    ensure_topics(kafka, topics, [topics.prompts, topics.prompts_dlq, topics.blocks])
+    prompts = good_prompts()
+    _publish(kafka, topics.prompts, prompts)
+
+    log = tmp_path_factory.mktemp("extract") / "extract.log"
+    args = ["--max-model-len", "512", "--block-bytes", "16384"] + (["--layers", layers] if layers else [])
+    group = f"g-{suffix}"
+    result = run_extractor(kafka.bootstrap, {"prompts": topics.prompts, "blocks": topics.blocks,
+                                             "prompts_dlq": topics.prompts_dlq, "group": group}, model_dir, log, *args)
+    assert result.returncode == 0, log.read_text()[-5000:]
+
+    samples = reassemble(drain(kafka, topics.blocks, expected=1, timeout=30, settle=3.0))
+    dead = drain(kafka, topics.prompts_dlq, expected=len(BAD), timeout=30)
+    committed, ends = _offsets(kafka, topics.prompts, group, 3)
+    first = next(iter(samples.values()))[0]
+    return Run(model_dir, AutoTokenizer.from_pretrained(model_dir), prompts, samples, dead,
+               first.manifest.layer_ids, committed, ends)
+
+
+def test_every_prompt_has_exactly_one_manifest(run: Run) -> None:
+    assert Counter({k: len(v) for k, v in run.samples.items()}) == Counter({p["request_id"]: 1 for p in run.prompts})
+
+
+def test_hidden_states_match_hf_transformers(run: Run) -> None:
+    reference = HFReference(run.model_dir)
+    assert run.layer_ids[-1] == reference.num_layers  # the last-layer id (pre-final-norm) is always checked
+    worst = {}
+    for request_id, (sample,) in run.samples.items():
+        expected = reference.hidden_states(sample.manifest.token_ids, run.layer_ids)
+        assert sample.hidden_states.shape == expected.shape, request_id
+        for j, layer in enumerate(run.layer_ids):
+            error = max_relative_error(sample.hidden_states[:, j], expected[:, j])
+            worst[layer] = max(worst.get(layer, 0.0), error)
+    assert all(error <= 1e-4 for error in worst.values()), worst
+
+
+def test_token_ids_are_the_tokenizers(run: Run) -> None:
+    tok = run.tokenizer
+    for prompt in run.prompts:
+        (sample,) = run.samples[prompt["request_id"]]
+        if "prompt" in prompt:
+            expected = tok(prompt["prompt"])["input_ids"]
+        elif "token_ids" in prompt:
+            expected = prompt["token_ids"]
+        else:
+            expected = tok.apply_chat_template(prompt["messages"], tokenize=True, return_dict=False)
+        assert sample.manifest.token_ids == expected, prompt["request_id"]
+        assert sample.manifest.num_tokens == len(expected) == sample.hidden_states.shape[0]
+
+
+def test_loss_masks_cover_exactly_the_assistant_turns(run: Run) -> None:
+    tok = run.tokenizer
+    for prompt in run.prompts:
+        (sample,) = run.samples[prompt["request_id"]]
+        spans = sample.manifest.loss_mask_spans
+        if "messages" not in prompt:
+            assert spans is None
+            continue
+        # Both models use ChatML: an assistant turn renders as its content, then
+        # "<|im_end|>\n". The masked tokens must decode to exactly those turns.
+        masked = "".join(tok.decode(sample.manifest.token_ids[s:e]) for s, e in spans or [])
+        expected = "".join(m["content"] + "<|im_end|>\n" for m in prompt["messages"] if m["role"] == "assistant")
+        assert masked == expected, prompt["request_id"]
+
+
+def test_metadata_and_source_travel_with_the_sample(run: Run) -> None:
+    for prompt in run.prompts:
+        (sample,) = run.samples[prompt["request_id"]]
+        assert sample.manifest.metadata == prompt.get("metadata")
+        assert sample.manifest.source.topic.startswith("p-")
+
+
+def test_bad_prompts_are_dead_lettered_with_reasons(run: Run) -> None:
+    by_key = {r.key().decode(): r for r in run.dead}
+    assert set(by_key) == set(BAD)
+    for key, (raw, error_class) in BAD.items():
+        headers = DlqHeaders.from_kafka(by_key[key].headers())
+        assert by_key[key].value() == raw
+        assert headers.error_class == error_class, headers
+        assert headers.service == "extractor" and headers.source_offset is not None
+
+
+def test_committed_offsets_reach_the_end(run: Run) -> None:
+    assert run.committed == run.end_offsets
