@@ -341,6 +341,7 @@ class Extractor:
             log.warning("commit failed (will retry): %s", exc)
             return
         self._marks.committed(positions)
+        log.debug("committed %s", positions)
 
 
 def _preparer(options: EngineOptions) -> PromptPreparer:

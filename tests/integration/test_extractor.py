@@ -82,13 +82,18 @@ def _publish(kafka: KafkaSettings, topic: str, prompts: list[dict]) -> None:
 
 
 def _offsets(kafka: KafkaSettings, topic: str, group: str, partitions: int) -> tuple[dict[int, int], dict[int, int]]:
+    """The group's committed offsets, and the end of each partition. The end is
+    read from the records themselves: tansu 0.6 reports the high watermark of an
+    idempotent producer's batch as its base offset + 1."""
     consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group})
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=10)}
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
     finally:
         consumer.close()
+    ends = dict.fromkeys(range(partitions), 0)
+    for record in drain(kafka, topic, expected=10**9, timeout=10):
+        ends[record.partition()] = max(ends[record.partition()], record.offset() + 1)
     return committed, ends
 
 
