@@ -36,12 +36,7 @@ class EngineOptions:
 def engine_args(options: EngineOptions, connector: ConnectorConfig) -> Any:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    optional = {
-        k: v
-        for k, v in (("max_num_seqs", options.max_num_seqs), ("max_num_batched_tokens", options.max_num_batched_tokens))
-        if v is not None
-    }
-    return AsyncEngineArgs(
+    kwargs: dict[str, Any] = dict(
         model=options.model,
         dtype=options.dtype,
         max_model_len=options.max_model_len,
@@ -61,9 +56,13 @@ def engine_args(options: EngineOptions, connector: ConnectorConfig) -> Any:
             "kv_role": "kv_producer",
             "kv_connector_extra_config": {EXTRA_CONFIG_KEY: connector.model_dump(mode="json")},
         },
-        **optional,
-        **options.engine_args,
     )
+    if options.max_num_seqs is not None:
+        kwargs["max_num_seqs"] = options.max_num_seqs
+    if options.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = options.max_num_batched_tokens
+    kwargs.update(options.engine_args)  # the user's explicit choices win
+    return AsyncEngineArgs(**kwargs)
 
 
 class Engine:

@@ -1,0 +1,70 @@
+"""Model-level prompt checks with the tiny model's real tokenizer."""
+
+from __future__ import annotations
+
+import copy
+
+import orjson
+import pytest
+
+from extractor.prompts import PromptPreparer, PromptRejected
+from hsx import models
+from schemas import PromptEvent
+
+
+@pytest.fixture(scope="module")
+def tokenizer():  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(models.prepare(names=["tiny-llama"])["tiny-llama"])
+
+
+def event(**fields: object) -> PromptEvent:
+    return PromptEvent.model_validate_json(orjson.dumps({"request_id": "r", **fields}))
+
+
+CHAT = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi"},
+        {"role": "user", "content": "bye"}, {"role": "assistant", "content": "see you"}]
+
+
+def test_text_is_tokenized_like_the_tokenizer(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    prepared = PromptPreparer(tokenizer, len(tokenizer), 64).prepare(event(prompt="the quick brown fox"))
+    assert prepared.token_ids == tokenizer("the quick brown fox")["input_ids"] and prepared.loss_mask_spans is None
+
+
+def test_chat_mask_spans_are_the_assistant_turns(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    prepared = PromptPreparer(tokenizer, len(tokenizer), 256).prepare(event(messages=CHAT))
+    assert prepared.token_ids == tokenizer.apply_chat_template(CHAT, tokenize=True, return_dict=False)
+    decoded = [tokenizer.decode(prepared.token_ids[s:e]) for s, e in prepared.loss_mask_spans or []]
+    assert decoded == ["hi<|im_end|>\n", "see you<|im_end|>\n"]
+
+
+@pytest.mark.parametrize(
+    "fields, max_len, error_class, fragment",
+    [
+        ({"token_ids": [1, 2, 5000]}, 64, "token_out_of_vocabulary", "token_ids.2 = 5000"),
+        ({"token_ids": [1, 5000, 6000]}, 64, "token_out_of_vocabulary", "(2 such ids)"),
+        ({"token_ids": list(range(64))}, 64, "prompt_too_long", "64 tokens; at most 63"),
+        ({"prompt": "word " * 200}, 64, "prompt_too_long", "at most 63"),
+    ],
+)
+def test_model_level_rejections(tokenizer, fields: dict, max_len: int, error_class: str, fragment: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(PromptRejected) as info:
+        PromptPreparer(tokenizer, len(tokenizer), max_len).prepare(event(**fields))
+    assert info.value.error_class == error_class and fragment in str(info.value)
+
+
+def test_template_that_raises_is_a_clear_rejection(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    strict = copy.deepcopy(tokenizer)
+    strict.chat_template = "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools here') }}{% endif %}{{ m.content }}{% endfor %}"
+    with pytest.raises(PromptRejected) as info:
+        PromptPreparer(strict, len(strict), 64).prepare(event(messages=[{"role": "tool", "content": "x"}]))
+    assert info.value.error_class == "chat_template_error" and "no tools here" in str(info.value)
+
+
+def test_template_without_stable_prefixes_is_refused(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    odd = copy.deepcopy(tokenizer)
+    odd.chat_template = "{{ messages|length }}:{% for m in messages %}{{ m.content }} {% endfor %}"
+    with pytest.raises(PromptRejected) as info:
+        PromptPreparer(odd, len(odd), 64).prepare(event(messages=CHAT))
+    assert info.value.error_class == "chat_template_unsupported"
