@@ -14,30 +14,22 @@ import torch
 from bench.prompts import demo_token_ids
 from extractor.engine import default_layer_ids
 from hsx import models
+from hsx.reference import HFReference
 from schemas import Codec, DType
 from schemas.codec import decode_block, encode_block
 
 BLOCK_TOKENS = 256
 
 
-@torch.no_grad()
 def smollm2_hidden_states() -> torch.Tensor:
     """[tokens, layers, hidden] for the demo prompts, EAGLE-3 default layers."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     path = models.prepare(names=["smollm2-135m-instruct"])["smollm2-135m-instruct"]
+    reference = HFReference(path)
+    layers = default_layer_ids(reference.num_layers)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    layers = default_layer_ids(model.config.num_hidden_layers)
-    rows = []
-    for ids in demo_token_ids(tokenizer):
-        captured: dict[str, torch.Tensor] = {}
-        hook = model.model.norm.register_forward_pre_hook(lambda _m, a: captured.update(x=a[0]))
-        out = model(torch.tensor([ids]), output_hidden_states=True)
-        hook.remove()
-        per_layer = [captured["x"][0] if i == model.config.num_hidden_layers else out.hidden_states[i][0] for i in layers]
-        rows.append(torch.stack(per_layer, dim=1))
-    return torch.cat(rows)
+    return torch.cat([reference.hidden_states(ids, layers) for ids in demo_token_ids(tokenizer)])
 
 
 def measure(hidden: torch.Tensor, codec: Codec, level: int = 1, repeats: int = 3) -> dict[str, float]:

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from extractor.completion import CompletionReceiver
 from extractor.engine import Engine, EngineOptions
 from extractor.prompts import PreparedPrompt, PromptPreparer, PromptRejected
-from extractor.watermark import Watermarks
+from runtime.watermarks import Watermarks
 from runtime.kafka import consumer_config, ensure_topics, make_producer
 from runtime.settings import KafkaSettings, TopicSettings
 from schemas import DEFAULT_LIMITS, DlqHeaders, PromptEvent, PromptLimits, SourceRef, format_validation_error

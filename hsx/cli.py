@@ -57,6 +57,12 @@ def _extract(args: argparse.Namespace) -> int:
     return cli.run(args)
 
 
+def _sink(args: argparse.Namespace) -> int:
+    from sink import cli
+
+    return cli.run(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from hsx import demo
 
@@ -92,11 +98,19 @@ def build_parser() -> argparse.ArgumentParser:
     extractor_cli.add_arguments(extract)
     extract.set_defaults(handler=_extract)
 
+    from sink import cli as sink_cli
+
+    sink = commands.add_parser("sink", help="write hidden-state blocks to a sharded safetensors dataset")
+    sink_cli.add_arguments(sink)
+    sink.set_defaults(handler=_sink)
+
+    from hsx import demo as demo_module
+
     demo = commands.add_parser("demo", help="run the whole pipeline on a small bundled prompt mix")
+    demo_module.add_arguments(demo)
     demo.set_defaults(handler=_demo)
 
     for name, help_text in (
-        ("sink", "write hidden-state blocks to a sharded safetensors dataset"),
         ("inspect", "summarize a dataset or shard"),
     ):
         sub = commands.add_parser(name, help=f"{help_text} (not implemented yet)")

@@ -1,65 +1,153 @@
-"""``hsx demo``: the whole pipeline on a small bundled prompt mix.
+"""``hsx demo``: the whole pipeline on a fresh machine, on CPU.
 
-Today it runs producer → broker → consumer and checks the round trip; the
-extractor and sink stages join as they land.
+Embedded broker (or ``HSX_KAFKA_BOOTSTRAP``) → 64 bundled prompts (text and chats)
+→ ``hsx extract`` with SmolLM2-135M-Instruct → ``hsx sink`` → a sharded dataset in
+``out/demo``; then one sample is checked against HF transformers and a summary of
+real measurements is printed. Child processes are stopped on exit and on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import signal
+import subprocess
 import sys
 import time
+import uuid
 from importlib import resources
+from pathlib import Path
 
 from confluent_kafka import Consumer
 
+from hsx import models
+from hsx.reference import HFReference, max_relative_error
 from producer.publisher import Mapping, Publisher
 from producer.sources import read_jsonl
 from runtime.broker import dev_bootstrap
 from runtime.kafka import DeliveryTracker, consumer_config, ensure_topics, make_producer
 from runtime.settings import KafkaSettings, TopicSettings
-from schemas import PromptEvent
+from schemas import BlockRecordHeaders, RecordKind
+from sink.reader import open_dataset
 
 DEMO_PROMPTS = "demo_prompts.jsonl"
+MODEL = "smollm2-135m-instruct"
+
+
+def cpu_engine_env() -> dict[str, str]:
+    """The environment for vLLM child processes on a CPU development machine: all
+    cores for the engine (vLLM reserves one by default), a 2 GiB KV cache, no hub."""
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    env["HF_HUB_OFFLINE"] = "1"
+    return env
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--output", type=Path, default=Path("out/demo"), help="dataset directory (emptied first)")
 
 
 def run(args: argparse.Namespace) -> int:
+    model_dir = models.prepare(names=[MODEL])[MODEL]
+    output: Path = args.output
+    shutil.rmtree(output, ignore_errors=True)
+    (output / "logs").mkdir(parents=True)
+    suffix = uuid.uuid4().hex[:8]
+    topic_settings = TopicSettings(prompts=f"demo.prompts-{suffix}", prompts_dlq=f"demo.prompts.dlq-{suffix}",
+                                   blocks=f"demo.blocks-{suffix}", blocks_dlq=f"demo.blocks.dlq-{suffix}",
+                                   ready=f"demo.ready-{suffix}", partitions=2)
+    topics = topic_settings.topics()
     with dev_bootstrap() as bootstrap:
         kafka = KafkaSettings(bootstrap=bootstrap)
-        topic_settings = TopicSettings()
-        topics = topic_settings.topics()
-        ensure_topics(kafka, topic_settings, [topics.prompts, topics.prompts_dlq])
+        ensure_topics(kafka, topic_settings, [topics.prompts, topics.prompts_dlq, topics.blocks, topics.blocks_dlq,
+                                              topics.ready])
+        with (resources.files("hsx") / "data" / DEMO_PROMPTS).open("rb") as stream:
+            published = Publisher(DeliveryTracker(make_producer(kafka)), topics, Mapping()).publish(
+                read_jsonl(stream, DEMO_PROMPTS))
+        print(f"[demo] producer: {published.describe()}", flush=True)
 
-        data = resources.files("hsx") / "data" / DEMO_PROMPTS
-        with data.open("rb") as stream:
-            publisher = Publisher(DeliveryTracker(make_producer(kafka)), topics, Mapping())
-            summary = publisher.publish(read_jsonl(stream, DEMO_PROMPTS))
-        print(f"producer: {summary.describe()}")
+        common = ["--bootstrap", bootstrap, "--session-timeout-ms", "6000"]
+        sink = _spawn(["sink", *common, "--output", str(output), "--topic", topics.blocks, "--ready-topic",
+                       topics.ready, "--dlq-topic", topics.blocks_dlq, "--max-shard-age", "20"], output / "logs/sink.log")
+        started = time.monotonic()
+        extractor = _spawn(["extract", *common, "--model", str(model_dir), "--dtype", "float32", "--enforce-eager",
+                            "--max-model-len", "2048", "--topic", topics.prompts, "--blocks-topic", topics.blocks,
+                            "--dlq-topic", topics.prompts_dlq, "--exit-when-idle", "10"], output / "logs/extractor.log")
+        try:
+            print("[demo] extractor and sink running (logs in", output / "logs", ")", flush=True)
+            if extractor.wait() != 0:
+                print(f"[demo] FAILED: the extractor exited with {extractor.returncode}", file=sys.stderr)
+                return 1
+            wall = time.monotonic() - started
+            sink.send_signal(signal.SIGTERM)  # drain: write open shards, publish, commit
+            if sink.wait(timeout=300) != 0:
+                print(f"[demo] FAILED: the sink exited with {sink.returncode}", file=sys.stderr)
+                return 1
+        finally:
+            for child in (extractor, sink):
+                if child.poll() is None:
+                    child.kill()
+        blocks = _topic_figures(kafka, topics.blocks)
+        ready = len(_read_all(kafka, topics.ready))
+    return _report(output, model_dir, published.sent, blocks, ready, wall)
 
-        received = _consume_all(kafka, topics.prompts, expected=summary.sent)
-        print(f"consumer: read back {len(received)} distinct prompt events from {bootstrap}")
-        if len(received) != summary.sent:
-            print("demo FAILED: the round trip lost or doubled events", file=sys.stderr)
-            return 1
-    print(
-        "demo: producer → broker → consumer round trip OK. "
-        "The extractor and sink stages are not implemented yet; the demo stops here."
-    )
-    return 0
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as handle:
+        return subprocess.Popen([sys.executable, "-m", "hsx.cli", *args], stdout=handle, stderr=subprocess.STDOUT,
+                                env=cpu_engine_env())
 
 
-def _consume_all(kafka: KafkaSettings, topic: str, expected: int, timeout: float = 60.0) -> dict[str, PromptEvent]:
-    consumer = Consumer(consumer_config(kafka, group_id=f"hsx-demo-{time.time_ns()}", **{"session.timeout.ms": 6000}))
+def _read_all(kafka: KafkaSettings, topic: str, quiet: float = 3.0) -> list:
+    consumer = Consumer(consumer_config(kafka, f"demo-reader-{uuid.uuid4().hex}", **{"session.timeout.ms": 6000}))
     consumer.subscribe([topic])
-    events: dict[str, PromptEvent] = {}
-    deadline = time.monotonic() + timeout
+    records, last = [], time.monotonic()
     try:
-        while len(events) < expected and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            event = PromptEvent.model_validate_json(msg.value())
-            events[event.request_id] = event
+        while time.monotonic() - last < quiet or not records and time.monotonic() - last < 30:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                records.append(msg)
+                last = time.monotonic()
     finally:
         consumer.close()
-    return events
+    return records
+
+
+def _topic_figures(kafka: KafkaSettings, topic: str) -> dict[str, float]:
+    """Compressed bytes on the wire and the extraction window, from the records."""
+    compressed, stamps = 0, []
+    for record in _read_all(kafka, topic):
+        if BlockRecordHeaders.from_kafka(record.headers()).kind is RecordKind.BLOCK:
+            compressed += len(record.value())
+        stamps.append(record.timestamp()[1] / 1000)
+    return {"compressed": compressed, "window": max(stamps) - min(stamps) if stamps else 0.0}
+
+
+def _report(output: Path, model_dir: Path, sent: int, blocks: dict[str, float], ready: int, wall: float) -> int:
+    dataset = open_dataset(output)
+    request_ids = dataset.request_ids()
+    tokens = sum(dataset.event(r).num_tokens for r in request_ids)
+    raw = sum(dataset[r]["hidden_states"].numel() * 4 for r in request_ids)
+    shards = len({dataset.event(r).shard for r in request_ids})
+    probe = sorted(request_ids)[0]
+    sample = dataset[probe]
+    reference = HFReference(model_dir).hidden_states(sample["token_ids"].tolist(), dataset.event(probe).layer_ids)
+    error = max_relative_error(sample["hidden_states"], reference)
+    rows = [
+        ("prompts published", f"{sent}"),
+        ("samples in the dataset", f"{len(request_ids)}"),
+        ("ready events", f"{ready}"),
+        ("tokens", f"{tokens}"),
+        ("extraction tokens/s (first to last block record)", f"{tokens / max(blocks['window'], 1e-9):.0f}"),
+        ("end-to-end wall time incl. engine start", f"{wall:.0f} s"),
+        ("hidden-state bytes raw → on the wire", f"{raw:,} → {int(blocks['compressed']):,} ({raw / max(blocks['compressed'], 1):.2f}x)"),
+        ("shards", f"{shards}"),
+        (f"max rel. error vs HF transformers ({probe})", f"{error:.1e}"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    print("\n".join(f"  {name:<{width}}  {value}" for name, value in rows))
+    ok = len(request_ids) == sent == ready and error <= 1e-4
+    print(f"[demo] {'OK' if ok else 'FAILED'}: dataset in {output}, read it with sink.reader.open_dataset('{output}')")
+    return 0 if ok else 1

@@ -16,7 +16,7 @@ from schemas.blocks import (
 from schemas.common import SCHEMA_VERSION, RequestId, StrictModel, format_validation_error
 from schemas.dlq import DlqHeaders
 from schemas.prompt import DEFAULT_LIMITS, Message, PromptEvent, PromptKind, PromptLimits
-from schemas.ready import HiddenStatesReady, TensorNames, ready_event_id
+from schemas.ready import HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
 from schemas.topics import Topics
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "RecordKind",
     "RequestId",
     "Segment",
+    "ShardIndex",
     "SourceRef",
     "StrictModel",
     "TensorNames",

@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 from pydantic import BaseModel
 
-from schemas import BlockHeader, BlockRecordHeaders, DlqHeaders, HiddenStatesReady, Manifest, PromptEvent
+from schemas import BlockHeader, BlockRecordHeaders, DlqHeaders, HiddenStatesReady, Manifest, PromptEvent, ShardIndex
 
 JSON_DIR = Path(__file__).parent / "json"
 MODELS: dict[str, type[BaseModel]] = {
@@ -19,6 +19,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "manifest": Manifest,
     "hidden_states_ready": HiddenStatesReady,
     "dlq_headers": DlqHeaders,
+    "shard_index": ShardIndex,
 }
 
 

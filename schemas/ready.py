@@ -55,3 +55,15 @@ def ready_event_id(dataset: str, request_id: str) -> str:
     """The same sample in the same dataset always gets the same event id, however
     often it is replayed."""
     return hashlib.sha256(f"{dataset}\0{request_id}".encode()).hexdigest()[:32]
+
+
+class ShardIndex(StrictModel):
+    """``index/<shard>.json``: written atomically after its shard, listing the ready
+    event of every sample in the shard. The dataset index is the union of these."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    shard: RelativePath
+    topic: str
+    partition: NonNegativeInt
+    first_offset: NonNegativeInt
+    events: list[HiddenStatesReady]

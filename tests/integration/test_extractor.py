@@ -16,7 +16,8 @@ from hsx import models
 from runtime.kafka import ensure_topics
 from runtime.settings import KafkaSettings, TopicSettings
 from schemas import DlqHeaders
-from tests.engine_helpers import HFReference, Sample, max_relative_error, reassemble, run_extractor
+from hsx.reference import HFReference, max_relative_error
+from tests.engine_helpers import Sample, reassemble, run_extractor
 from tests.kafka_helpers import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]

@@ -17,7 +17,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from hsx import models
 from runtime.kafka import consumer_config, ensure_topics
 from runtime.settings import KafkaSettings, TopicSettings
-from tests.engine_helpers import engine_env, reassemble, run_extractor
+from hsx.demo import cpu_engine_env
+from tests.engine_helpers import reassemble, run_extractor
 from tests.kafka_helpers import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
@@ -63,7 +64,7 @@ def test_sigterm_drains_and_restart_finishes(kafka: KafkaSettings, tmp_path: Pat
            "--model", str(model), "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
            "--session-timeout-ms", "6000", "--max-inflight", "4"]
     with (tmp_path / "first.log").open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=engine_env())
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=cpu_engine_env())
         try:
             _wait_for_first_record(kafka, topics["blocks"])
             proc.send_signal(signal.SIGTERM)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from extractor.watermark import Watermarks
+from runtime.watermarks import Watermarks
 
 TP = ("prompts", 0)
 

@@ -1,8 +1,9 @@
-"""Per-partition commit watermarks.
+"""Per-partition commit watermarks, shared by the extractor and the sink.
 
-Prompts finish out of order (short ones overtake long ones, retries come back
-late), but a Kafka offset commit says "everything before this is done". A
-partition's commit position is therefore the lowest offset that is not done yet.
+Records finish out of order (short prompts overtake long ones, a sample waits
+for its shard while later records are dropped as duplicates), but a Kafka offset
+commit says "everything before this is done". A partition's commit position is
+therefore the lowest offset that is not done yet.
 """
 
 from __future__ import annotations

@@ -1,0 +1,151 @@
+"""Reassembling samples from ``hidden_states.blocks`` records, one partition at a
+time (all records of a request share its key, hence its partition).
+
+Block records wait, per (request_id, attempt_id), for their manifest. The
+manifest completes the sample only if every block it lists arrived with the same
+attempt id, decodes, and matches the manifest's checksums, token ranges and
+shape. Anything else becomes a :class:`Rejected` with a reason; attempts whose
+manifest never comes are rejected after a timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import orjson
+from pydantic import ValidationError
+
+from schemas import BlockRecordHeaders, Manifest, RecordKind, format_validation_error
+from schemas.codec import CorruptBlock, decode_block
+
+
+@dataclass
+class Record:
+    """The parts of a Kafka record the assembler needs."""
+
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes | None]] | None
+
+
+@dataclass
+class Sample:
+    """A verified sample: its manifest and the raw bytes of ``[T, L, H]``."""
+
+    manifest: Manifest
+    hidden_states: bytes
+    offsets: list[int]
+    """Offsets of all its records (blocks and manifest) in the partition."""
+
+    @property
+    def manifest_offset(self) -> int:
+        return self.offsets[-1]
+
+
+@dataclass
+class Rejected:
+    """Records that will never become a sample, and why."""
+
+    error_class: str
+    reason: str
+    offsets: list[int]
+    request_id: str | None = None
+    value: bytes = b""
+    """What goes to the DLQ: the manifest's bytes when there is one."""
+
+
+@dataclass
+class _Pending:
+    blocks: dict[int, Record] = field(default_factory=dict)
+    first_seen: float = field(default_factory=time.monotonic)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(r.value) for r in self.blocks.values())
+
+
+class Assembler:
+    """Turns one partition's records into samples and rejections."""
+
+    def __init__(self, incomplete_timeout: float = 600.0) -> None:
+        self._pending: dict[tuple[str, str], _Pending] = {}
+        self._timeout = incomplete_timeout
+
+    @property
+    def pending_bytes(self) -> int:
+        return sum(p.nbytes for p in self._pending.values())
+
+    def add(self, record: Record) -> Sample | Rejected | None:
+        """Feed one record; returns a finished sample or rejection, if any."""
+        try:
+            headers = BlockRecordHeaders.from_kafka(record.headers)
+            request_id = (record.key or b"").decode()
+        except (ValidationError, UnicodeDecodeError) as exc:
+            return Rejected("invalid_record", f"unreadable block record headers: {exc}", [record.offset])
+        key = (request_id, headers.attempt_id)
+        if headers.kind is RecordKind.BLOCK:
+            assert headers.block_index is not None
+            self._pending.setdefault(key, _Pending()).blocks.setdefault(headers.block_index, record)
+            return None
+        pending = self._pending.pop(key, _Pending())
+        offsets = sorted(r.offset for r in pending.blocks.values()) + [record.offset]
+        try:
+            manifest = Manifest.model_validate(orjson.loads(record.value), strict=False)
+        except (orjson.JSONDecodeError, ValidationError) as exc:
+            reason = format_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
+            return Rejected("invalid_manifest", f"manifest does not validate: {reason}", offsets, request_id, record.value)
+        if manifest.request_id != request_id or manifest.attempt_id != headers.attempt_id:
+            return Rejected("invalid_manifest", "manifest does not match its record key / attempt header",
+                            offsets, request_id, record.value)
+        try:
+            raw = _verified_bytes(manifest, pending.blocks)
+        except _Invalid as exc:
+            return Rejected(exc.error_class, str(exc), offsets, request_id, record.value)
+        return Sample(manifest, raw, offsets)
+
+    def expire(self, now: float | None = None) -> list[Rejected]:
+        """Reject attempts whose manifest has not come within the timeout."""
+        now = time.monotonic() if now is None else now
+        expired = [k for k, p in self._pending.items() if now - p.first_seen > self._timeout]
+        out = []
+        for request_id, attempt_id in expired:
+            pending = self._pending.pop((request_id, attempt_id))
+            out.append(Rejected(
+                "incomplete_sample",
+                f"attempt {attempt_id}: {len(pending.blocks)} block(s) but no manifest within {self._timeout:.0f}s",
+                sorted(r.offset for r in pending.blocks.values()), request_id))
+        return out
+
+    def pending_offsets(self) -> list[int]:
+        return [r.offset for p in self._pending.values() for r in p.blocks.values()]
+
+
+class _Invalid(ValueError):
+    def __init__(self, error_class: str, reason: str) -> None:
+        super().__init__(reason)
+        self.error_class = error_class
+
+
+def _verified_bytes(manifest: Manifest, blocks: dict[int, Record]) -> bytes:
+    missing = [b.index for b in manifest.blocks if b.index not in blocks]
+    if missing:
+        raise _Invalid("incomplete_sample", f"manifest lists blocks {missing} that never arrived")
+    extra = sorted(set(blocks) - {b.index for b in manifest.blocks})
+    if extra:
+        raise _Invalid("incomplete_sample", f"blocks {extra} are not in the manifest")
+    parts = []
+    for ref in manifest.blocks:
+        try:
+            header, raw = decode_block(blocks[ref.index].value)
+        except CorruptBlock as exc:
+            raise _Invalid("corrupt_block", f"block {ref.index}: {exc}") from exc
+        expected_shape = (ref.token_end - ref.token_start, len(manifest.layer_ids), manifest.hidden_size)
+        if (header.token_start, header.token_end, header.checksum) != (ref.token_start, ref.token_end, ref.checksum):
+            raise _Invalid("corrupt_block", f"block {ref.index} does not match the manifest's token range or checksum")
+        if header.shape != expected_shape or header.dtype is not manifest.dtype:
+            raise _Invalid("shape_mismatch", f"block {ref.index} is {header.shape} {header.dtype.value}, "
+                                             f"the manifest says {expected_shape} {manifest.dtype.value}")
+        parts.append(raw)
+    return b"".join(parts)

@@ -1,0 +1,49 @@
+"""``hsx sink``: write hidden-state blocks into a sharded safetensors dataset."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from runtime.kafka import DeliveryFailed, KafkaUnavailable
+from runtime.settings import KafkaSettings, TopicSettings, overrides
+from sink.service import Sink, SinkOptions
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap", help="bootstrap servers (env HSX_KAFKA_BOOTSTRAP)")
+    parser.add_argument("--output", type=Path, required=True, help="dataset directory")
+    parser.add_argument("--topic", help="blocks topic (env HSX_TOPIC_BLOCKS)")
+    parser.add_argument("--ready-topic", help="ready events topic (env HSX_TOPIC_READY)")
+    parser.add_argument("--dlq-topic", help="dead-letter topic (env HSX_TOPIC_BLOCKS_DLQ)")
+    parser.add_argument("--group", default="hsx-sink", help="consumer group id (default hsx-sink)")
+    parser.add_argument("--dataset-name", help="name in ready-event ids (default: the output folder's name)")
+    parser.add_argument("--max-shard-bytes", type=int, default=1 << 30, help="close a shard at this size (1 GiB)")
+    parser.add_argument("--max-shard-samples", type=int, default=10_000, help="close a shard at this many samples")
+    parser.add_argument("--max-shard-age", type=float, default=60.0, help="close a shard after SECS (default 60)")
+    parser.add_argument("--max-buffer-bytes", type=int, default=2 << 30, help="memory budget; pause above it (2 GiB)")
+    parser.add_argument("--incomplete-timeout", type=float, default=600.0,
+                        help="reject blocks whose manifest has not come after SECS (default 600)")
+    parser.add_argument("--session-timeout-ms", type=int, default=10_000)
+    parser.add_argument("--exit-when-idle", type=float, metavar="SECS", help="stop after SECS with nothing to read")
+
+
+def run(args: argparse.Namespace) -> int:
+    kafka = KafkaSettings(**overrides(bootstrap=args.bootstrap))
+    topics = TopicSettings(**overrides(blocks=args.topic, ready=args.ready_topic, blocks_dlq=args.dlq_topic))
+    options = SinkOptions(
+        output=args.output, group_id=args.group, dataset=args.dataset_name, max_shard_bytes=args.max_shard_bytes,
+        max_shard_samples=args.max_shard_samples, max_shard_age=args.max_shard_age,
+        max_buffer_bytes=args.max_buffer_bytes, incomplete_timeout=args.incomplete_timeout,
+        session_timeout_ms=args.session_timeout_ms, exit_when_idle=args.exit_when_idle,
+    )
+    try:
+        stats = Sink(kafka, topics, options).run()
+    except (KafkaUnavailable, DeliveryFailed) as exc:
+        log.error("%s", exc)
+        return 1
+    print(f"sink: {stats.describe()}")
+    return 0

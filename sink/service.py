@@ -1,0 +1,295 @@
+"""The sink service: a consumer-group member on ``hidden_states.blocks``.
+
+Data flows one way: consume → reassemble and verify samples (per partition) →
+append to the partition's open shard → when the shard closes, write it durably,
+then its index, then publish one ``hidden_states.ready`` event per sample → once
+Kafka acknowledged them, the records are done → commit the partition's
+watermark. Duplicates (extractor retries, replays) are dropped; corrupt or
+incomplete samples go to the DLQ and never reach the dataset.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from runtime.kafka import DeliveryFailed, consumer_config, ensure_topics, make_producer
+from runtime.settings import KafkaSettings, TopicSettings
+from runtime.watermarks import Watermarks
+from schemas import DlqHeaders
+from sink.assembler import Assembler, Record, Rejected, Sample
+from sink.shards import OpenShard, partition_prefix, read_indexes, remove_orphans, write_shard
+from sink.storage import LocalStorage, Storage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    output: Path
+    group_id: str = "hsx-sink"
+    dataset: str | None = None
+    """Name used in the deterministic ready-event ids (default: the output folder's name)."""
+    max_shard_bytes: int = 1 << 30
+    max_shard_samples: int = 10_000
+    max_shard_age: float = 60.0
+    max_buffer_bytes: int = 2 << 30
+    """Bytes held in memory (blocks awaiting manifests + open shards); partitions
+    pause above it."""
+    incomplete_timeout: float = 600.0
+    session_timeout_ms: int = 10_000
+    commit_interval: float = 1.0
+    exit_when_idle: float | None = None
+
+
+@dataclass
+class SinkStats:
+    samples: int = 0
+    tokens: int = 0
+    raw_bytes: int = 0
+    shards: int = 0
+    ready_events: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def describe(self) -> str:
+        return (f"{self.samples} samples ({self.tokens} tokens, {self.raw_bytes} bytes) in {self.shards} shards, "
+                f"{self.ready_events} ready events, {self.duplicates} duplicates dropped, {self.rejected} rejected")
+
+
+@dataclass
+class _Partition:
+    topic: str
+    partition: int
+    assembler: Assembler
+    shard: OpenShard
+    seen: set[str]
+    """Request ids already in the dataset (from its index): later copies are duplicates."""
+    retry_at: float = 0.0
+    backoff: float = 0.5
+
+
+class Sink:
+    """One sink process."""
+
+    def __init__(self, kafka: KafkaSettings, topics: TopicSettings, options: SinkOptions,
+                 storage: Storage | None = None) -> None:
+        self.kafka = kafka
+        self.topic_settings = topics
+        self.topics = topics.topics()
+        self.options = options
+        self.storage = storage or LocalStorage(options.output)
+        self.dataset = options.dataset or options.output.resolve().name
+        self.stats = SinkStats()
+        self._marks = Watermarks()
+        self._partitions: dict[tuple[str, int], _Partition] = {}
+        self._stopping = False
+        self._paused = False
+        self._last_activity = time.monotonic()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def run(self) -> SinkStats:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+        ensure_topics(self.kafka, self.topic_settings, [self.topics.blocks, self.topics.blocks_dlq, self.topics.ready])
+        self._producer = make_producer(self.kafka)
+        self._consumer = Consumer(consumer_config(
+            self.kafka, self.options.group_id, **{"session.timeout.ms": self.options.session_timeout_ms}))
+        self._consumer.subscribe([self.topics.blocks], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_lost)
+        try:
+            self._loop()
+            self._flush_all()
+            self._commit()
+        finally:
+            self._consumer.close()
+            self._producer.flush(30)
+        log.info("sink finished: %s", self.stats.describe())
+        return self.stats
+
+    def stop(self) -> None:
+        log.info("stopping: flushing open shards")
+        self._stopping = True
+
+    def _loop(self) -> None:
+        last_commit = self._last_activity = time.monotonic()
+        while not self._stopping:
+            self._producer.poll(0)
+            for message in self._consumer.consume(num_messages=500, timeout=0.2):
+                self._accept(message)
+            self._housekeeping()
+            if time.monotonic() - last_commit >= self.options.commit_interval:
+                self._commit()
+                last_commit = time.monotonic()
+            idle = self.options.exit_when_idle
+            if idle is not None and time.monotonic() - self._last_activity >= idle:
+                log.info("idle for %.0fs: stopping", idle)
+                self._stopping = True
+
+    # -- consumer-group callbacks ---------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._last_activity = time.monotonic()
+        for p in partitions:
+            prefix = partition_prefix(p.topic, p.partition)
+            for orphan in remove_orphans(self.storage, prefix):
+                log.warning("removed %s: written before a crash, never indexed (its records will be replayed)", orphan)
+            seen = {e.request_id for index in read_indexes(self.storage, prefix) for e in index.events}
+            self._partitions[(p.topic, p.partition)] = _Partition(
+                p.topic, p.partition, Assembler(self.options.incomplete_timeout), OpenShard(p.topic, p.partition), seen)
+        log.info("assigned %s", [(p.topic, p.partition) for p in partitions])
+        if self._paused:
+            consumer.pause(partitions)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Make what we hold durable and commit it before the partitions move on."""
+        log.info("revoked %s", [(p.topic, p.partition) for p in partitions])
+        keys = {(p.topic, p.partition) for p in partitions}
+        for key in keys:
+            if key in self._partitions:
+                self._close_shard(self._partitions[key])
+        self._commit(only=keys)
+        for key in keys:
+            self._partitions.pop(key, None)
+            self._marks.forget(key)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for p in partitions:
+            self._partitions.pop((p.topic, p.partition), None)
+            self._marks.forget((p.topic, p.partition))
+
+    # -- per record --------------------------------------------------------------------------
+
+    def _accept(self, message: Message) -> None:
+        error = message.error()
+        if error is not None:
+            if error.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer error: %s", error)
+            return
+        self._last_activity = time.monotonic()
+        key = (message.topic(), message.partition())
+        state = self._partitions.get(key)
+        if state is None:
+            return  # revoked between fetch and delivery
+        self._marks.track(key, message.offset())
+        result = state.assembler.add(Record(message.offset(), message.key(), message.value() or b"", message.headers()))
+        if isinstance(result, Rejected):
+            self._reject(state, result)
+        elif isinstance(result, Sample):
+            self._add_sample(state, result)
+
+    def _add_sample(self, state: _Partition, sample: Sample) -> None:
+        request_id = sample.manifest.request_id
+        if request_id in state.seen or request_id in state.shard.request_ids:
+            self.stats.duplicates += 1
+            log.info("duplicate of %s dropped (attempt %s)", request_id, sample.manifest.attempt_id)
+            self._done(state, sample.offsets)
+            return
+        if not state.shard.accepts(sample):
+            self._close_shard(state)
+        state.shard.add(sample)
+        shard = state.shard
+        if shard.nbytes >= self.options.max_shard_bytes or len(shard.samples) >= self.options.max_shard_samples:
+            self._close_shard(state)
+
+    def _reject(self, state: _Partition, rejected: Rejected) -> None:
+        self.stats.rejected += 1
+        log.warning("rejected %s at %s/%d: %s: %s", rejected.request_id, state.topic, state.partition,
+                    rejected.error_class, rejected.reason)
+        headers = DlqHeaders.build(rejected.error_class, rejected.reason, service="sink", source_topic=state.topic,
+                                   source_partition=state.partition, source_offset=rejected.offsets[-1])
+        key = (state.topic, state.partition)
+        offsets = list(rejected.offsets)
+
+        def delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is None:
+                for offset in offsets:
+                    self._marks.done(key, offset)
+            else:
+                log.error("dead letter for %s not delivered: %s (its records stay uncommitted)", rejected.request_id, err)
+
+        self._producer.produce(self.topics.blocks_dlq, value=rejected.value,
+                               key=rejected.request_id.encode() if rejected.request_id else None,
+                               headers=headers.to_kafka(), on_delivery=delivered)
+
+    def _done(self, state: _Partition, offsets: list[int]) -> None:
+        for offset in offsets:
+            self._marks.done((state.topic, state.partition), offset)
+
+    # -- shards -------------------------------------------------------------------------------
+
+    def _close_shard(self, state: _Partition) -> bool:
+        """Write the open shard, its index and its ready events. On a storage error
+        keep everything (nothing is committed) and retry later with backoff."""
+        shard = state.shard
+        if not shard.samples:
+            return True
+        try:
+            events = write_shard(self.storage, self.dataset, shard)
+        except OSError as exc:
+            state.retry_at = time.monotonic() + state.backoff
+            log.error("cannot write shard %s (retrying in %.1fs): %s", shard.stem, state.backoff, exc)
+            state.backoff = min(state.backoff * 2, 30.0)
+            return False
+        state.backoff = 0.5
+        for event in events:
+            self._producer.produce(self.topics.ready, value=event.model_dump_json().encode(),
+                                   key=event.request_id.encode())
+        if self._producer.flush(60) > 0:
+            raise DeliveryFailed("ready events not acknowledged within 60s")
+        self.stats.shards += 1
+        self.stats.ready_events += len(events)
+        for sample in shard.samples:
+            self.stats.samples += 1
+            self.stats.tokens += sample.manifest.num_tokens
+            self.stats.raw_bytes += len(sample.hidden_states)
+            self._done(state, sample.offsets)
+        state.seen |= shard.request_ids
+        state.shard = OpenShard(state.topic, state.partition)
+        log.info("wrote %s (%d samples)", shard.stem, len(events))
+        return True
+
+    def _flush_all(self) -> None:
+        for state in self._partitions.values():
+            self._close_shard(state)
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        for state in self._partitions.values():
+            for rejected in state.assembler.expire(now):
+                self._reject(state, rejected)
+            shard = state.shard
+            aged = shard.samples and now - shard.opened_at >= self.options.max_shard_age
+            if aged and now >= state.retry_at:
+                self._close_shard(state)
+        if self._buffered() > self.options.max_buffer_bytes:
+            for state in self._partitions.values():
+                if now >= state.retry_at:
+                    self._close_shard(state)
+        over = self._buffered() > self.options.max_buffer_bytes
+        if over != self._paused:
+            (self._consumer.pause if over else self._consumer.resume)(self._consumer.assignment())
+            self._paused = over
+            log.warning("memory budget %s: partitions %s", "exceeded" if over else "ok", "paused" if over else "resumed")
+
+    def _buffered(self) -> int:
+        return sum(s.assembler.pending_bytes + s.shard.nbytes for s in self._partitions.values())
+
+    def _commit(self, only: set[tuple[str, int]] | None = None) -> None:
+        positions = {tp: o for tp, o in self._marks.to_commit().items() if only is None or tp in only}
+        if not positions:
+            return
+        try:
+            self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()],
+                                  asynchronous=False)
+        except KafkaException as exc:
+            log.warning("commit failed (will retry): %s", exc)
+            return
+        self._marks.committed(positions)

@@ -1,0 +1,86 @@
+"""Producer → broker → extractor → sink → dataset, then a replay: every prompt
+exactly once in the index and among ready events, hidden states equal to HF
+transformers, and a replayed sink leaves the dataset byte-identical."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+from safetensors import safe_open
+
+from hsx import models
+from hsx.demo import cpu_engine_env
+from hsx.reference import HFReference, max_relative_error
+from runtime.kafka import ensure_topics
+from runtime.settings import KafkaSettings, TopicSettings
+from schemas import HiddenStatesReady
+from sink.reader import open_dataset
+from tests.engine_helpers import run_extractor
+from tests.integration.test_extractor import good_prompts
+from tests.kafka_helpers import drain
+
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
+
+
+def run_sink(kafka: KafkaSettings, topics: TopicSettings, output: Path, group: str, log: Path) -> None:
+    cmd = [sys.executable, "-m", "hsx.cli", "sink", "--bootstrap", kafka.bootstrap, "--output", str(output),
+           "--topic", topics.blocks, "--ready-topic", topics.ready, "--dlq-topic", topics.blocks_dlq,
+           "--group", group, "--session-timeout-ms", "6000", "--exit-when-idle", "6", "--max-shard-samples", "5"]
+    with log.open("wb") as handle:
+        result = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, env=cpu_engine_env(), timeout=300)
+    assert result.returncode == 0, log.read_text()[-3000:]
+
+
+def digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_pipeline_end_to_end_and_replay(kafka: KafkaSettings, tmp_path: Path) -> None:
+    model = models.prepare(names=["tiny-llama"])["tiny-llama"]
+    suffix = uuid.uuid4().hex[:8]
+    topics = TopicSettings(prompts=f"p-{suffix}", prompts_dlq=f"pd-{suffix}", blocks=f"b-{suffix}",
+                           blocks_dlq=f"bd-{suffix}", ready=f"r-{suffix}", partitions=3)
+    ensure_topics(kafka, topics, [topics.prompts, topics.blocks, topics.ready])
+    prompts = good_prompts()
+    source = tmp_path / "prompts.jsonl"
+    source.write_bytes(b"".join(orjson.dumps(p) + b"\n" for p in prompts))
+    produce = [sys.executable, "-m", "hsx.cli", "produce", str(source), "--bootstrap", kafka.bootstrap,
+               "--topic", topics.prompts, "--no-progress"]
+    assert subprocess.run(produce, env=cpu_engine_env(), capture_output=True, timeout=120).returncode == 0
+
+    names = {"prompts": topics.prompts, "blocks": topics.blocks, "prompts_dlq": topics.prompts_dlq, "group": f"x-{suffix}"}
+    assert run_extractor(kafka.bootstrap, names, model, tmp_path / "extract.log", "--max-model-len", "512",
+                         "--layers", "1,4").returncode == 0
+    output = tmp_path / "dataset"
+    run_sink(kafka, topics, output, f"s-{suffix}", tmp_path / "sink.log")
+
+    dataset = open_dataset(output)
+    expected_ids = {p["request_id"] for p in prompts}
+    assert sorted(dataset.request_ids()) == sorted(expected_ids)  # exactly once in the index
+    ready = [HiddenStatesReady.model_validate_json(r.value()) for r in drain(kafka, topics.ready, expected=len(prompts))]
+    assert Counter(e.request_id for e in ready) == Counter(expected_ids)  # exactly once among ready events
+
+    reference = HFReference(model)
+    for event in ready:
+        with safe_open(str(output / event.shard), framework="pt") as shard:  # the named shard holds the sample
+            assert event.tensors.hidden_states in shard.keys()
+        sample = dataset[event.request_id]
+        expected = reference.hidden_states(sample["token_ids"].tolist(), event.layer_ids)
+        assert max_relative_error(sample["hidden_states"], expected) <= 1e-4, event.request_id
+        assert sample["metadata"] == (next(p for p in prompts if p["request_id"] == event.request_id).get("metadata") or {})
+        chat = "messages" in next(p for p in prompts if p["request_id"] == event.request_id)
+        assert (sample["loss_mask"] is not None) == chat
+
+    before = digest(output)
+    run_sink(kafka, topics, output, f"replay-{suffix}", tmp_path / "replay.log")  # a new group reads from the start
+    assert digest(output) == before
+    assert len(open_dataset(output)) == len(prompts)
+    assert "duplicates dropped" in (tmp_path / "replay.log").read_text()

@@ -1,0 +1,138 @@
+"""Reassembly in the sink: complete samples pass bit-exact; every kind of damage
+is rejected with a reason and never becomes a sample."""
+
+from __future__ import annotations
+
+import uuid
+
+import orjson
+import pytest
+import torch
+
+from schemas import BlockRecordHeaders, BlockRef, Codec, DType, Manifest, RecordKind, SourceRef
+from schemas.codec import encode_block, read_header
+from sink.assembler import Assembler, Record, Rejected, Sample
+
+LAYERS, HIDDEN = 2, 16
+
+
+def records(request_id: str = "r-1", tokens: int = 10, per_block: int = 4, attempt: str | None = None,
+            first_offset: int = 0) -> tuple[list[Record], torch.Tensor]:
+    """The block records and manifest the connector would produce."""
+    attempt = attempt or uuid.uuid4().hex
+    hidden = torch.randn(tokens, LAYERS, HIDDEN)
+    out, refs = [], []
+    for index, start in enumerate(range(0, tokens, per_block)):
+        rows = hidden[start : start + per_block].contiguous()
+        value = encode_block(rows.view(torch.uint8).numpy(), shape=tuple(rows.shape), dtype=DType.FLOAT32,
+                             token_start=start, codec=Codec.BYTEPLANE_ZSTD)
+        header, _ = read_header(value)
+        refs.append(BlockRef(index=index, token_start=start, token_end=header.token_end, checksum=header.checksum,
+                             compressed_nbytes=len(value)))
+        headers = BlockRecordHeaders(kind=RecordKind.BLOCK, attempt_id=attempt, block_index=index, codec=Codec.BYTEPLANE_ZSTD)
+        out.append(Record(first_offset + index, request_id.encode(), value, headers.to_kafka()))
+    manifest = Manifest(request_id=request_id, attempt_id=attempt, model="m", layer_ids=[1, 3], dtype=DType.FLOAT32,
+                        hidden_size=HIDDEN, num_tokens=tokens, token_ids=list(range(tokens)), codec=Codec.BYTEPLANE_ZSTD,
+                        blocks=refs, source=SourceRef(topic="p", partition=0, offset=1))
+    out.append(Record(first_offset + len(refs), request_id.encode(), manifest.model_dump_json().encode(),
+                      BlockRecordHeaders(kind=RecordKind.MANIFEST, attempt_id=attempt).to_kafka()))
+    return out, hidden
+
+
+def feed(assembler: Assembler, recs: list[Record]) -> list[Sample | Rejected]:
+    return [r for r in (assembler.add(rec) for rec in recs) if r is not None]
+
+
+def test_interleaved_requests_reassemble_bit_exact() -> None:
+    a, hidden_a = records("a", tokens=10, first_offset=0)
+    b, hidden_b = records("b", tokens=3, first_offset=100)
+    mixed = [a[0], b[0], a[1], b[1], a[2], a[3]]
+    results = feed(Assembler(), mixed)
+    assert len(results) == 2 and all(isinstance(r, Sample) for r in results)
+    by_id = {r.manifest.request_id: r for r in results}  # type: ignore[union-attr]
+    assert by_id["a"].hidden_states == hidden_a.numpy().tobytes()
+    assert by_id["b"].hidden_states == hidden_b.numpy().tobytes()
+    assert by_id["a"].offsets == [0, 1, 2, 3] and by_id["b"].offsets == [100, 101]
+
+
+def _rejected(recs: list[Record]) -> Rejected:
+    (result,) = feed(Assembler(), recs)
+    assert isinstance(result, Rejected)
+    return result
+
+
+def _mangle(record: Record, value: bytes) -> Record:
+    return Record(record.offset, record.key, value, record.headers)
+
+
+def test_flipped_byte_is_rejected() -> None:
+    recs, _ = records()
+    value = bytearray(recs[1].value)
+    value[-5] ^= 0xFF
+    assert _rejected([recs[0], _mangle(recs[1], bytes(value)), *recs[2:]]).error_class == "corrupt_block"
+
+
+def test_truncated_block_is_rejected() -> None:
+    recs, _ = records()
+    assert _rejected([_mangle(recs[0], recs[0].value[:-10]), *recs[1:]]).error_class == "corrupt_block"
+
+
+def test_manifest_without_its_blocks_is_rejected() -> None:
+    recs, _ = records()
+    rejected = _rejected([recs[0], recs[-1]])
+    assert rejected.error_class == "incomplete_sample" and "never arrived" in rejected.reason
+    assert rejected.value == recs[-1].value  # the manifest goes to the DLQ
+
+
+def test_blocks_from_another_attempt_do_not_count() -> None:
+    old, _ = records("r-1", attempt="a" * 32)
+    new, _ = records("r-1", attempt="b" * 32, first_offset=50)
+    assembler = Assembler()
+    assert feed(assembler, old[:-1] + new[:1]) == []
+    (result,) = feed(assembler, [new[-1]])
+    assert isinstance(result, Rejected) and result.error_class == "incomplete_sample"
+
+
+def test_blocks_whose_manifest_never_comes_expire() -> None:
+    recs, _ = records()
+    assembler = Assembler(incomplete_timeout=10)
+    assert feed(assembler, recs[:-1]) == [] and assembler.pending_bytes > 0
+    assert assembler.expire(now=0) == []
+    (expired,) = assembler.expire(now=10**9)
+    assert expired.error_class == "incomplete_sample" and expired.offsets == [0, 1, 2]
+    assert assembler.pending_bytes == 0
+
+
+def test_wrong_shape_is_rejected() -> None:
+    recs, _ = records()
+    manifest = orjson.loads(recs[-1].value)
+    manifest["hidden_size"] = HIDDEN * 2
+    rejected = _rejected([*recs[:-1], _mangle(recs[-1], orjson.dumps(manifest))])
+    assert rejected.error_class == "shape_mismatch"
+
+
+@pytest.mark.parametrize(
+    "change, error_class",
+    [
+        (lambda m: {**m, "num_tokens": 99}, "invalid_manifest"),
+        (lambda m: {**m, "request_id": "someone-else"}, "invalid_manifest"),
+        (lambda m: {**m, "request_id": "../../etc"}, "invalid_manifest"),
+        (lambda m: {**m, "blocks": m["blocks"][:1]}, "invalid_manifest"),
+    ],
+)
+def test_invalid_manifest_is_rejected(change, error_class: str) -> None:  # type: ignore[no-untyped-def]
+    recs, _ = records()
+    manifest = change(orjson.loads(recs[-1].value))
+    assert _rejected([*recs[:-1], _mangle(recs[-1], orjson.dumps(manifest))]).error_class == error_class
+
+
+def test_unreadable_headers_are_rejected() -> None:
+    recs, _ = records()
+    bad = Record(7, b"r-1", recs[0].value, [("kind", b"mystery")])
+    rejected = _rejected([bad])
+    assert rejected.error_class == "invalid_record" and rejected.offsets == [7]
+
+
+def test_garbage_manifest_is_rejected() -> None:
+    recs, _ = records()
+    assert _rejected([*recs[:-1], _mangle(recs[-1], b"{not json")]).error_class == "invalid_manifest"
