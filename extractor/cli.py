@@ -8,6 +8,8 @@ import json
 import logging
 from pathlib import Path
 
+import orjson
+
 from extractor.engine import EngineOptions, default_layer_ids
 from extractor.service import Extractor, ExtractorOptions, FatalError
 from runtime.kafka import KafkaUnavailable
@@ -66,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     service.add_argument("--max-inflight", type=int, default=64, help="prompts in flight (default 64)")
     service.add_argument("--max-attempts", type=int, default=3, help="attempts before dead-lettering")
     service.add_argument("--exit-when-idle", type=float, metavar="SECS", help="stop after SECS with nothing to do")
+    service.add_argument("--stats-file", type=Path, help="write the final statistics here as JSON")
     service.add_argument("--codec", type=Codec, choices=list(Codec), default=Codec.BYTEPLANE_ZSTD)
     service.add_argument("--codec-level", type=int, default=1, help="zstd level (default 1)")
     service.add_argument("--block-bytes", type=int, default=1 << 20, help="target raw bytes per block record")
@@ -135,4 +138,6 @@ def run(args: argparse.Namespace) -> int:
         log.error("extractor stopped: %s", exc)
         return 1
     print(f"extract: {stats.describe()}")
+    if args.stats_file:
+        args.stats_file.write_bytes(orjson.dumps(stats.as_dict()))
     return 0

@@ -57,15 +57,37 @@ class ExtractorStats:
     compressed_bytes: int = 0
     dead_lettered: int = 0
     retries: int = 0
-    started: float = field(default_factory=time.monotonic)
+    first_prompt_at: float | None = None
+    last_done_at: float | None = None
+
+    @property
+    def busy_seconds(self) -> float:
+        """From the first prompt consumed to the last one acknowledged: the
+        throughput window, without engine start-up or idle time."""
+        if self.first_prompt_at is None or self.last_done_at is None:
+            return 0.0
+        return self.last_done_at - self.first_prompt_at
+
+    def as_dict(self) -> dict[str, float]:
+        seconds = self.busy_seconds
+        return {
+            "prompts": self.prompts_done,
+            "tokens": self.tokens,
+            "busy_seconds": round(seconds, 3),
+            "tokens_per_second": round(self.tokens / seconds, 1) if seconds else 0.0,
+            "raw_bytes": self.raw_bytes,
+            "compressed_bytes": self.compressed_bytes,
+            "dead_lettered": self.dead_lettered,
+            "retries": self.retries,
+        }
 
     def describe(self) -> str:
-        seconds = time.monotonic() - self.started
+        d = self.as_dict()
         ratio = self.raw_bytes / self.compressed_bytes if self.compressed_bytes else 0.0
         return (
-            f"{self.prompts_done} prompts, {self.tokens} tokens ({self.tokens / max(seconds, 1e-9):.0f} tokens/s), "
-            f"{self.raw_bytes} raw → {self.compressed_bytes} compressed bytes ({ratio:.2f}x), "
-            f"{self.dead_lettered} dead-lettered, {self.retries} retries"
+            f"{d['prompts']} prompts, {d['tokens']} tokens in {d['busy_seconds']:.1f}s "
+            f"({d['tokens_per_second']:.0f} tokens/s), {self.raw_bytes} raw → {self.compressed_bytes} "
+            f"compressed bytes ({ratio:.2f}x), {self.dead_lettered} dead-lettered, {self.retries} retries"
         )
 
 
@@ -224,6 +246,8 @@ class Extractor:
                 log.warning("consumer error: %s", error)
             return
         self._last_activity = time.monotonic()
+        if self.stats.first_prompt_at is None:
+            self.stats.first_prompt_at = self._last_activity
         self._marks.track((message.topic(), message.partition()), message.offset())
         task = asyncio.get_running_loop().create_task(self._process(message))
         self._tasks.add(task)
@@ -295,6 +319,7 @@ class Extractor:
                     self.stats.tokens += report.num_tokens
                     self.stats.raw_bytes += report.raw_bytes
                     self.stats.compressed_bytes += report.compressed_bytes
+                    self.stats.last_done_at = time.monotonic()
                     return None
                 reason = f"attempt {attempt}: {report.error}"
             log.warning("extraction of %s failed (%s)%s", event.request_id, reason,

@@ -19,6 +19,7 @@ import uuid
 from importlib import resources
 from pathlib import Path
 
+import orjson
 from confluent_kafka import Consumer
 
 from hsx import models
@@ -28,7 +29,6 @@ from producer.sources import read_jsonl
 from runtime.broker import dev_bootstrap
 from runtime.kafka import DeliveryTracker, consumer_config, ensure_topics, make_producer
 from runtime.settings import KafkaSettings, TopicSettings
-from schemas import BlockRecordHeaders, RecordKind
 from sink.reader import open_dataset
 
 DEMO_PROMPTS = "demo_prompts.jsonl"
@@ -70,11 +70,13 @@ def run(args: argparse.Namespace) -> int:
 
         common = ["--bootstrap", bootstrap, "--session-timeout-ms", "6000"]
         sink = _spawn(["sink", *common, "--output", str(output), "--topic", topics.blocks, "--ready-topic",
-                       topics.ready, "--dlq-topic", topics.blocks_dlq, "--max-shard-age", "20"], output / "logs/sink.log")
+                       topics.ready, "--dlq-topic", topics.blocks_dlq, "--max-shard-age", "20",
+                       "--stats-file", str(output / "logs/sink-stats.json")], output / "logs/sink.log")
         started = time.monotonic()
         extractor = _spawn(["extract", *common, "--model", str(model_dir), "--dtype", "float32", "--enforce-eager",
                             "--max-model-len", "2048", "--topic", topics.prompts, "--blocks-topic", topics.blocks,
-                            "--dlq-topic", topics.prompts_dlq, "--exit-when-idle", "10"], output / "logs/extractor.log")
+                            "--dlq-topic", topics.prompts_dlq, "--exit-when-idle", "10",
+                            "--stats-file", str(output / "logs/extractor-stats.json")], output / "logs/extractor.log")
         try:
             print("[demo] extractor and sink running (logs in", output / "logs", ")", flush=True)
             if extractor.wait() != 0:
@@ -89,9 +91,10 @@ def run(args: argparse.Namespace) -> int:
             for child in (extractor, sink):
                 if child.poll() is None:
                     child.kill()
-        blocks = _topic_figures(kafka, topics.blocks)
         ready = len(_read_all(kafka, topics.ready))
-    return _report(output, model_dir, published.sent, blocks, ready, wall)
+    extracted = orjson.loads((output / "logs/extractor-stats.json").read_bytes())
+    sunk = orjson.loads((output / "logs/sink-stats.json").read_bytes())
+    return _report(output, model_dir, published.sent, extracted, sunk, ready, wall)
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -115,35 +118,24 @@ def _read_all(kafka: KafkaSettings, topic: str, quiet: float = 3.0) -> list:
     return records
 
 
-def _topic_figures(kafka: KafkaSettings, topic: str) -> dict[str, float]:
-    """Compressed bytes on the wire and the extraction window, from the records."""
-    compressed, stamps = 0, []
-    for record in _read_all(kafka, topic):
-        if BlockRecordHeaders.from_kafka(record.headers()).kind is RecordKind.BLOCK:
-            compressed += len(record.value())
-        stamps.append(record.timestamp()[1] / 1000)
-    return {"compressed": compressed, "window": max(stamps) - min(stamps) if stamps else 0.0}
-
-
-def _report(output: Path, model_dir: Path, sent: int, blocks: dict[str, float], ready: int, wall: float) -> int:
+def _report(output: Path, model_dir: Path, sent: int, extracted: dict, sunk: dict, ready: int, wall: float) -> int:
     dataset = open_dataset(output)
     request_ids = dataset.request_ids()
-    tokens = sum(dataset.event(r).num_tokens for r in request_ids)
-    raw = sum(dataset[r]["hidden_states"].numel() * 4 for r in request_ids)
-    shards = len({dataset.event(r).shard for r in request_ids})
     probe = sorted(request_ids)[0]
     sample = dataset[probe]
     reference = HFReference(model_dir).hidden_states(sample["token_ids"].tolist(), dataset.event(probe).layer_ids)
     error = max_relative_error(sample["hidden_states"], reference)
+    raw, compressed = extracted["raw_bytes"], extracted["compressed_bytes"]
     rows = [
         ("prompts published", f"{sent}"),
-        ("samples in the dataset", f"{len(request_ids)}"),
-        ("ready events", f"{ready}"),
-        ("tokens", f"{tokens}"),
-        ("extraction tokens/s (first to last block record)", f"{tokens / max(blocks['window'], 1e-9):.0f}"),
-        ("end-to-end wall time incl. engine start", f"{wall:.0f} s"),
-        ("hidden-state bytes raw → on the wire", f"{raw:,} → {int(blocks['compressed']):,} ({raw / max(blocks['compressed'], 1):.2f}x)"),
-        ("shards", f"{shards}"),
+        ("samples in the dataset (distinct ids)", f"{len(request_ids)}"),
+        ("ready events on the topic", f"{ready}"),
+        ("tokens", f"{sum(dataset.event(r).num_tokens for r in request_ids)}"),
+        ("extraction tokens/s (first prompt to last ack)", f"{extracted['tokens_per_second']:.0f}"),
+        ("wall time incl. engine start", f"{wall:.0f} s"),
+        ("hidden-state bytes raw → compressed", f"{raw:,} → {compressed:,} ({raw / max(compressed, 1):.2f}x)"),
+        ("shards written", f"{sunk['shards']}"),
+        ("duplicates dropped / rejected", f"{sunk['duplicates']} / {sunk['rejected']}"),
         (f"max rel. error vs HF transformers ({probe})", f"{error:.1e}"),
     ]
     width = max(len(r[0]) for r in rows)

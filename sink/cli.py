@@ -6,6 +6,8 @@ import argparse
 import logging
 from pathlib import Path
 
+import orjson
+
 from runtime.kafka import DeliveryFailed, KafkaUnavailable
 from runtime.settings import KafkaSettings, TopicSettings, overrides
 from sink.service import Sink, SinkOptions
@@ -29,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reject blocks whose manifest has not come after SECS (default 600)")
     parser.add_argument("--session-timeout-ms", type=int, default=10_000)
     parser.add_argument("--exit-when-idle", type=float, metavar="SECS", help="stop after SECS with nothing to read")
+    parser.add_argument("--stats-file", type=Path, help="write the final statistics here as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,4 +49,6 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 1
     print(f"sink: {stats.describe()}")
+    if args.stats_file:
+        args.stats_file.write_bytes(orjson.dumps(stats.as_dict()))
     return 0

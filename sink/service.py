@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -56,7 +56,8 @@ class SinkStats:
     ready_events: int = 0
     duplicates: int = 0
     rejected: int = 0
-    started: float = field(default_factory=time.monotonic)
+    def as_dict(self) -> dict[str, int]:
+        return {k: v for k, v in vars(self).items()}
 
     def describe(self) -> str:
         return (f"{self.samples} samples ({self.tokens} tokens, {self.raw_bytes} bytes) in {self.shards} shards, "
