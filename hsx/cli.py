@@ -6,21 +6,9 @@ import argparse
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 from runtime.logs import configure_logging
-
-Handler = Callable[[argparse.Namespace], int]
-
-
-def _not_implemented(name: str) -> Handler:
-    def run(args: argparse.Namespace) -> int:
-        print(f"hsx {name}: not implemented yet", file=sys.stderr)
-        return 2
-
-    return run
-
 
 def _broker(args: argparse.Namespace) -> int:
     from runtime.broker import EmbeddedBroker
@@ -61,6 +49,12 @@ def _sink(args: argparse.Namespace) -> int:
     from sink import cli
 
     return cli.run(args)
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from sink import inspect
+
+    return inspect.run(args)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -104,18 +98,18 @@ def build_parser() -> argparse.ArgumentParser:
     sink_cli.add_arguments(sink)
     sink.set_defaults(handler=_sink)
 
+    from sink import inspect as inspect_module
+
+    inspect = commands.add_parser("inspect", help="summarize a dataset or one of its shards")
+    inspect_module.add_arguments(inspect)
+    inspect.set_defaults(handler=_inspect)
+
     from hsx import demo as demo_module
 
     demo = commands.add_parser("demo", help="run the whole pipeline on a small bundled prompt mix")
     demo_module.add_arguments(demo)
     demo.set_defaults(handler=_demo)
 
-    for name, help_text in (
-        ("inspect", "summarize a dataset or shard"),
-    ):
-        sub = commands.add_parser(name, help=f"{help_text} (not implemented yet)")
-        sub.add_argument("rest", nargs=argparse.REMAINDER)
-        sub.set_defaults(handler=_not_implemented(name))
     return parser
 
 

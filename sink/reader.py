@@ -5,6 +5,8 @@
     sample = ds["chat-42"]          # dict: request_id, token_ids, hidden_states [T, L, H], loss_mask, metadata
     for sample in ds: ...            # in index order
 
+    for sample in follow("kafka:9092", "out/"): ...   # online, as ready events arrive
+
 Shards are memory-mapped (safetensors ``safe_open``); a sample costs only the
 pages it touches.
 """
@@ -16,9 +18,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import time
+import uuid
+
+from confluent_kafka import Consumer
 from safetensors import safe_open
 
+from runtime.kafka import consumer_config
+from runtime.settings import KafkaSettings
 from schemas import HiddenStatesReady
+from schemas.topics import READY
 from sink.shards import read_indexes
 from sink.storage import LocalStorage
 
@@ -56,15 +65,7 @@ class Dataset:
 
     def __getitem__(self, request_id: str) -> dict[str, Any]:
         event = self._events[request_id]
-        shard = self._shard(event.shard)
-        names = event.tensors
-        return {
-            "request_id": request_id,
-            "token_ids": shard.get_tensor(names.token_ids),
-            "hidden_states": shard.get_tensor(names.hidden_states),
-            "loss_mask": shard.get_tensor(names.loss_mask) if names.loss_mask else None,
-            "metadata": event.metadata or {},
-        }
+        return _sample(self._shard(event.shard), event)
 
     def _shard(self, relative: str) -> Any:
         if relative in self._open:
@@ -75,6 +76,63 @@ class Dataset:
         if len(self._open) > self._max_open:
             self._open.popitem(last=False)
         return handle
+
+
+def _sample(shard: Any, event: HiddenStatesReady) -> dict[str, Any]:
+    names = event.tensors
+    return {
+        "request_id": event.request_id,
+        "token_ids": shard.get_tensor(names.token_ids),
+        "hidden_states": shard.get_tensor(names.hidden_states),
+        "loss_mask": shard.get_tensor(names.loss_mask) if names.loss_mask else None,
+        "metadata": event.metadata or {},
+    }
+
+
+def follow(
+    bootstrap: str,
+    dataset: str | Path,
+    topic: str = READY,
+    group_id: str | None = None,
+    idle_timeout: float | None = None,
+    kafka: KafkaSettings | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Yield samples as their ``hidden_states.ready`` events arrive, for training
+    online while extraction runs. Each event names a shard that is already
+    durable in ``dataset``. Events are de-duplicated by their deterministic
+    ``event_id``; the consumer group (default: a fresh one, reading from the
+    start) commits automatically, so a restarted trainer resumes roughly where it
+    stopped (at least once). Stops after ``idle_timeout`` seconds without events,
+    if given."""
+    settings = (kafka or KafkaSettings()).model_copy(update={"bootstrap": bootstrap})
+    consumer = Consumer(consumer_config(
+        settings, group_id or f"hsx-follow-{uuid.uuid4().hex}", **{"enable.auto.commit": True,
+                                                                    "enable.auto.offset.store": True}))
+    assigned = False
+
+    def on_assign(_consumer: Consumer, _partitions: list) -> None:
+        nonlocal assigned, last
+        assigned, last = True, time.monotonic()
+
+    consumer.subscribe([topic], on_assign=on_assign)
+    storage = LocalStorage(Path(dataset))
+    seen: set[str] = set()
+    last = time.monotonic()
+    try:
+        # Joining the group takes seconds: allow a minute more before the first assignment.
+        while idle_timeout is None or time.monotonic() - last < idle_timeout + (0 if assigned else 60):
+            message = consumer.poll(0.5)
+            if message is None or message.error() is not None:
+                continue
+            last = time.monotonic()
+            event = HiddenStatesReady.model_validate_json(message.value())
+            if event.event_id in seen:
+                continue
+            seen.add(event.event_id)
+            with safe_open(str(storage.local_path(event.shard)), framework="pt") as shard:
+                yield _sample(shard, event)
+    finally:
+        consumer.close()
 
 
 def open_dataset(path: str | Path) -> Dataset:

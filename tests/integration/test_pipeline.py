@@ -13,15 +13,17 @@ from pathlib import Path
 
 import orjson
 import pytest
+import torch
 from safetensors import safe_open
 
 from hsx import models
+from hsx.cli import main
 from hsx.demo import cpu_engine_env
 from hsx.reference import HFReference, max_relative_error
 from runtime.kafka import ensure_topics
 from runtime.settings import KafkaSettings, TopicSettings
 from schemas import HiddenStatesReady
-from sink.reader import open_dataset
+from sink.reader import follow, open_dataset
 from tests.engine_helpers import run_extractor
 from tests.integration.test_extractor import good_prompts
 from tests.kafka_helpers import drain
@@ -43,7 +45,7 @@ def digest(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_pipeline_end_to_end_and_replay(kafka: KafkaSettings, tmp_path: Path) -> None:
+def test_pipeline_end_to_end_and_replay(kafka: KafkaSettings, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = models.prepare(names=["tiny-llama"])["tiny-llama"]
     suffix = uuid.uuid4().hex[:8]
     topics = TopicSettings(prompts=f"p-{suffix}", prompts_dlq=f"pd-{suffix}", blocks=f"b-{suffix}",
@@ -78,6 +80,13 @@ def test_pipeline_end_to_end_and_replay(kafka: KafkaSettings, tmp_path: Path) ->
         assert sample["metadata"] == (next(p for p in prompts if p["request_id"] == event.request_id).get("metadata") or {})
         chat = "messages" in next(p for p in prompts if p["request_id"] == event.request_id)
         assert (sample["loss_mask"] is not None) == chat
+
+    followed = list(follow(kafka.bootstrap, output, topic=topics.ready, idle_timeout=5))
+    assert sorted(s["request_id"] for s in followed) == sorted(expected_ids)
+    assert all(torch.equal(s["hidden_states"], dataset[s["request_id"]]["hidden_states"]) for s in followed)
+
+    assert main(["inspect", str(output)]) == 0
+    assert f"samples      {len(prompts)}" in capsys.readouterr().out
 
     before = digest(output)
     run_sink(kafka, topics, output, f"replay-{suffix}", tmp_path / "replay.log")  # a new group reads from the start

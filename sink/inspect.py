@@ -1,0 +1,58 @@
+"""``hsx inspect PATH``: what a dataset (or one shard of it) holds."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+from sink.reader import open_dataset
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", type=Path, help="dataset directory, or a shard file inside one")
+    parser.add_argument("--sample", help="request id to describe (default: the first)")
+
+
+def run(args: argparse.Namespace) -> int:
+    path: Path = args.path
+    root, only_shard = (path.parent.parent, path.resolve()) if path.is_file() else (path, None)
+    try:
+        dataset = open_dataset(root)
+    except FileNotFoundError as exc:
+        print(f"hsx inspect: {exc}")
+        return 2
+    ids = [r for r in dataset.request_ids() if only_shard is None or (root / dataset.event(r).shard).resolve() == only_shard]
+    if not ids:
+        print(f"hsx inspect: no samples in {path}")
+        return 1
+    events = [dataset.event(r) for r in ids]
+    shards = sorted({e.shard for e in events})
+    nbytes = sum((root / s).stat().st_size for s in shards)
+    layer_sets = sorted({tuple(e.layer_ids) for e in events})
+    print(f"dataset      {root}")
+    print(f"shards       {len(shards)} ({nbytes:,} bytes)")
+    print(f"samples      {len(ids)}")
+    print(f"tokens       {sum(e.num_tokens for e in events):,}")
+    print(f"models       {', '.join(sorted({e.model for e in events}))}")
+    print(f"layer ids    {'; '.join(','.join(map(str, s)) for s in layer_sets)}")
+    print(f"dtype        {', '.join(sorted({e.dtype.value for e in events}))}, hidden size "
+          f"{', '.join(str(h) for h in sorted({e.hidden_size for e in events}))}")
+    request_id = args.sample or ids[0]
+    if request_id not in dataset:
+        print(f"hsx inspect: no sample {request_id!r}")
+        return 1
+    sample = dataset[request_id]
+    hidden = sample["hidden_states"].float()
+    print(f"\nsample       {request_id} in {dataset.event(request_id).shard}")
+    print(f"tokens       {hidden.shape[0]}; loss mask "
+          + (f"{int(sample['loss_mask'].sum())} tokens" if sample["loss_mask"] is not None else "none"))
+    print(f"metadata     {sample['metadata']}")
+    print("layer        mean        std         min         max")
+    for j, layer in enumerate(dataset.event(request_id).layer_ids):
+        rows = hidden[:, j]
+        print(f"{layer:<8} {rows.mean():>11.4f} {rows.std(correction=0):>11.4f} {rows.min():>11.4f} {rows.max():>11.4f}")
+    return 0
+
+
+
