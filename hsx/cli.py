@@ -57,6 +57,12 @@ def _inspect(args: argparse.Namespace) -> int:
     return inspect.run(args)
 
 
+def _export(args: argparse.Namespace) -> int:
+    from sink import export
+
+    return export.run(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from hsx import demo
 
@@ -103,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="summarize a dataset or one of its shards")
     inspect_module.add_arguments(inspect)
     inspect.set_defaults(handler=_inspect)
+
+    from sink import export as export_module
+
+    export = commands.add_parser("export", help="write a dataset in another trainer's layout (speculators)")
+    export_module.add_arguments(export)
+    export.set_defaults(handler=_export)
 
     from hsx import demo as demo_module
 

@@ -88,8 +88,29 @@ def test_pipeline_end_to_end_and_replay(kafka: KafkaSettings, tmp_path: Path, ca
     assert main(["inspect", str(output)]) == 0
     assert f"samples      {len(prompts)}" in capsys.readouterr().out
 
+    exported = tmp_path / "speculators"
+    assert main(["export", str(exported), "--dataset", str(output)]) == 0
+    _check_speculators_layout(exported, dataset)
+
     before = digest(output)
     run_sink(kafka, topics, output, f"replay-{suffix}", tmp_path / "replay.log")  # a new group reads from the start
     assert digest(output) == before
     assert len(open_dataset(output)) == len(prompts)
     assert "duplicates dropped" in (tmp_path / "replay.log").read_text()
+
+
+def _check_speculators_layout(exported: Path, dataset) -> None:  # type: ignore[no-untyped-def]
+    """Read the export the way speculators' ArrowDataset does (v0.5+)."""
+    from datasets import load_from_disk
+    from safetensors.torch import load_file
+
+    rows = load_from_disk(str(exported))
+    assert len(rows) == len(dataset)
+    for i, request_id in enumerate(dataset.request_ids()):
+        hs = load_file(str(exported / "hidden_states" / f"hs_{i}.safetensors"))
+        assert torch.equal(hs["token_ids"], rows[i]["input_ids"])  # the trainer drops rows where this fails
+        sample = dataset[request_id]
+        assert torch.equal(hs["hidden_states"], sample["hidden_states"])
+        expected_mask = sample["loss_mask"] if sample["loss_mask"] is not None else torch.ones_like(sample["token_ids"])
+        assert torch.equal(rows[i]["loss_mask"].bool(), expected_mask.bool())
+        assert int(rows[i]["seq_len"]) == hs["token_ids"].shape[0]
