@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reject blocks whose manifest has not come after SECS (default 600)")
     parser.add_argument("--session-timeout-ms", type=int, default=10_000)
     parser.add_argument("--exit-when-idle", type=float, metavar="SECS", help="stop after SECS with nothing to read")
+    parser.add_argument("--exactly-once", action="store_true",
+                        help="ready events and offset commits in one Kafka transaction (needs a broker with full "
+                             "transaction support, e.g. Apache Kafka)")
     parser.add_argument("--stats-file", type=Path, help="write the final statistics here as JSON")
 
 
@@ -42,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
         max_shard_samples=args.max_shard_samples, max_shard_age=args.max_shard_age,
         max_buffer_bytes=args.max_buffer_bytes, incomplete_timeout=args.incomplete_timeout,
         session_timeout_ms=args.session_timeout_ms, exit_when_idle=args.exit_when_idle,
+        exactly_once=args.exactly_once,
     )
     try:
         stats = Sink(kafka, topics, options).run()

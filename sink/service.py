@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -21,7 +22,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from runtime.kafka import DeliveryFailed, consumer_config, ensure_topics, make_producer
 from runtime.settings import KafkaSettings, TopicSettings
 from runtime.watermarks import Watermarks
-from schemas import DlqHeaders
+from schemas import DlqHeaders, HiddenStatesReady
 from sink.assembler import Assembler, Record, Rejected, Sample
 from sink.shards import OpenShard, partition_prefix, read_indexes, remove_orphans, write_shard
 from sink.storage import LocalStorage, Storage
@@ -45,6 +46,8 @@ class SinkOptions:
     session_timeout_ms: int = 10_000
     commit_interval: float = 1.0
     exit_when_idle: float | None = None
+    exactly_once: bool = False
+    """Publish ready events and commit offsets in one Kafka transaction."""
 
 
 @dataclass
@@ -70,8 +73,12 @@ class _Partition:
     partition: int
     assembler: Assembler
     shard: OpenShard
-    seen: set[str]
-    """Request ids already in the dataset (from its index): later copies are duplicates."""
+    seen: dict[str, HiddenStatesReady]
+    """Samples already in the dataset (from its index): later copies are duplicates."""
+    republish: list[tuple[HiddenStatesReady, list[int]]] = field(default_factory=list)
+    """Ready events of duplicates, published again (consumers de-duplicate by event
+    id): a crash between writing a shard and publishing its events must not leave
+    trainers without them."""
     retry_at: float = 0.0
     backoff: float = 0.5
 
@@ -101,6 +108,14 @@ class Sink:
             signal.signal(sig, lambda *_: self.stop())
         ensure_topics(self.kafka, self.topic_settings, [self.topics.blocks, self.topics.blocks_dlq, self.topics.ready])
         self._producer = make_producer(self.kafka)
+        self._ready = self._producer
+        if self.options.exactly_once:
+            self._ready = make_producer(self.kafka, **{
+                "transactional.id": f"{self.options.group_id}-{uuid.uuid4().hex}",
+                # librdkafka requires it to cover the producer's delivery timeout.
+                "transaction.timeout.ms": 300_000,
+            })
+            self._ready.init_transactions(30)
         self._consumer = Consumer(consumer_config(
             self.kafka, self.options.group_id, **{"session.timeout.ms": self.options.session_timeout_ms}))
         self._consumer.subscribe([self.topics.blocks], on_assign=self._on_assign, on_revoke=self._on_revoke,
@@ -108,6 +123,7 @@ class Sink:
         try:
             self._loop()
             self._flush_all()
+            self._republish_duplicates()
             self._commit()
         finally:
             self._consumer.close()
@@ -142,7 +158,7 @@ class Sink:
             prefix = partition_prefix(p.topic, p.partition)
             for orphan in remove_orphans(self.storage, prefix):
                 log.warning("removed %s: written before a crash, never indexed (its records will be replayed)", orphan)
-            seen = {e.request_id for index in read_indexes(self.storage, prefix) for e in index.events}
+            seen = {e.request_id: e for index in read_indexes(self.storage, prefix) for e in index.events}
             self._partitions[(p.topic, p.partition)] = _Partition(
                 p.topic, p.partition, Assembler(self.options.incomplete_timeout), OpenShard(p.topic, p.partition), seen)
         log.info("assigned %s", [(p.topic, p.partition) for p in partitions])
@@ -156,6 +172,7 @@ class Sink:
         for key in keys:
             if key in self._partitions:
                 self._close_shard(self._partitions[key])
+        self._republish_duplicates()
         self._commit(only=keys)
         for key in keys:
             self._partitions.pop(key, None)
@@ -191,7 +208,10 @@ class Sink:
         if request_id in state.seen or request_id in state.shard.request_ids:
             self.stats.duplicates += 1
             log.info("duplicate of %s dropped (attempt %s)", request_id, sample.manifest.attempt_id)
-            self._done(state, sample.offsets)
+            if request_id in state.seen:
+                state.republish.append((state.seen[request_id], sample.offsets))
+            else:  # its first copy is in the open shard; its event comes with the shard
+                self._done(state, sample.offsets)
             return
         if not state.shard.accepts(sample):
             self._close_shard(state)
@@ -240,22 +260,39 @@ class Sink:
             state.backoff = min(state.backoff * 2, 30.0)
             return False
         state.backoff = 0.5
-        for event in events:
-            self._producer.produce(self.topics.ready, value=event.model_dump_json().encode(),
-                                   key=event.request_id.encode())
-        if self._producer.flush(60) > 0:
-            raise DeliveryFailed("ready events not acknowledged within 60s")
+        self._publish(state, events, [o for sample in shard.samples for o in sample.offsets])
         self.stats.shards += 1
-        self.stats.ready_events += len(events)
         for sample in shard.samples:
             self.stats.samples += 1
             self.stats.tokens += sample.manifest.num_tokens
             self.stats.raw_bytes += len(sample.hidden_states)
-            self._done(state, sample.offsets)
-        state.seen |= shard.request_ids
+        state.seen.update((e.request_id, e) for e in events)
         state.shard = OpenShard(state.topic, state.partition)
         log.info("wrote %s (%d samples)", shard.stem, len(events))
         return True
+
+    def _publish(self, state: _Partition, events: list[HiddenStatesReady], offsets: list[int]) -> None:
+        """Publish ready events; the records behind them are done once Kafka has
+        them. With ``exactly_once`` the events and the offsets they make
+        committable go in one transaction."""
+        if self.options.exactly_once:
+            self._ready.begin_transaction()
+        for event in events:
+            self._ready.produce(self.topics.ready, value=event.model_dump_json().encode(), key=event.request_id.encode())
+        if self.options.exactly_once:
+            self._done(state, offsets)
+            self._commit_transaction()
+        else:
+            if self._ready.flush(60) > 0:
+                raise DeliveryFailed("ready events not acknowledged within 60s")
+            self._done(state, offsets)
+        self.stats.ready_events += len(events)
+
+    def _republish_duplicates(self) -> None:
+        for state in self._partitions.values():
+            if state.republish:
+                pending, state.republish = state.republish, []
+                self._publish(state, [e for e, _ in pending], [o for _, offsets in pending for o in offsets])
 
     def _flush_all(self) -> None:
         for state in self._partitions.values():
@@ -263,6 +300,7 @@ class Sink:
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
+        self._republish_duplicates()
         for state in self._partitions.values():
             for rejected in state.assembler.expire(now):
                 self._reject(state, rejected)
@@ -284,6 +322,11 @@ class Sink:
         return sum(s.assembler.pending_bytes + s.shard.nbytes for s in self._partitions.values())
 
     def _commit(self, only: set[tuple[str, int]] | None = None) -> None:
+        if self.options.exactly_once:
+            if self._marks.to_commit():
+                self._ready.begin_transaction()
+                self._commit_transaction()
+            return
         positions = {tp: o for tp, o in self._marks.to_commit().items() if only is None or tp in only}
         if not positions:
             return
@@ -293,4 +336,13 @@ class Sink:
         except KafkaException as exc:
             log.warning("commit failed (will retry): %s", exc)
             return
+        self._marks.committed(positions)
+
+    def _commit_transaction(self) -> None:
+        """Commit the open transaction together with every committable offset."""
+        positions = self._marks.to_commit()
+        if positions:
+            self._ready.send_offsets_to_transaction(
+                [TopicPartition(t, p, o) for (t, p), o in positions.items()], self._consumer.consumer_group_metadata())
+        self._ready.commit_transaction(60)
         self._marks.committed(positions)

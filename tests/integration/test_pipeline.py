@@ -31,10 +31,10 @@ from tests.kafka_helpers import drain
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
 
-def run_sink(kafka: KafkaSettings, topics: TopicSettings, output: Path, group: str, log: Path) -> None:
+def run_sink(kafka: KafkaSettings, topics: TopicSettings, output: Path, group: str, log: Path, *extra: str) -> None:
     cmd = [sys.executable, "-m", "hsx.cli", "sink", "--bootstrap", kafka.bootstrap, "--output", str(output),
            "--topic", topics.blocks, "--ready-topic", topics.ready, "--dlq-topic", topics.blocks_dlq,
-           "--group", group, "--session-timeout-ms", "6000", "--exit-when-idle", "6", "--max-shard-samples", "5"]
+           "--group", group, "--session-timeout-ms", "6000", "--exit-when-idle", "6", "--max-shard-samples", "5", *extra]
     with log.open("wb") as handle:
         result = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, env=cpu_engine_env(), timeout=300)
     assert result.returncode == 0, log.read_text()[-3000:]
@@ -93,10 +93,15 @@ def test_pipeline_end_to_end_and_replay(kafka: KafkaSettings, tmp_path: Path, ca
     _check_speculators_layout(exported, dataset)
 
     before = digest(output)
-    run_sink(kafka, topics, output, f"replay-{suffix}", tmp_path / "replay.log")  # a new group reads from the start
+    # A new group reads from the start, this time with transactions.
+    run_sink(kafka, topics, output, f"replay-{suffix}", tmp_path / "replay.log", "--exactly-once")
     assert digest(output) == before
     assert len(open_dataset(output)) == len(prompts)
-    assert "duplicates dropped" in (tmp_path / "replay.log").read_text()
+    assert f"{len(prompts)} duplicates dropped" in (tmp_path / "replay.log").read_text()
+    # Duplicates re-announce their sample under the same event id (a crash may have
+    # come between a shard and its events); consumers de-duplicate by event id.
+    again = [HiddenStatesReady.model_validate_json(r.value()) for r in drain(kafka, topics.ready, expected=2 * len(prompts))]
+    assert Counter(e.event_id for e in again) == Counter({e.event_id: 2 for e in ready})
 
 
 def _check_speculators_layout(exported: Path, dataset) -> None:  # type: ignore[no-untyped-def]
