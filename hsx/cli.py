@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import signal
 import sys
 import threading
 from pathlib import Path
 
 from runtime.logs import configure_logging
+
+# Each module has add_arguments(parser) and run(args) -> exit code.
+SERVICE_COMMANDS = [
+    ("produce", "publish prompts from a JSONL file", "producer.cli"),
+    ("extract", "consume prompts and extract hidden states with vLLM", "extractor.cli"),
+    ("sink", "write hidden-state blocks to a sharded safetensors dataset", "sink.cli"),
+    ("inspect", "summarize a dataset or one of its shards", "sink.inspect"),
+    ("export", "write a dataset in another trainer's layout (speculators)", "sink.export"),
+    ("demo", "run the whole pipeline on a small bundled prompt mix", "hsx.demo"),
+]
+
 
 def _broker(args: argparse.Namespace) -> int:
     from runtime.broker import EmbeddedBroker
@@ -33,42 +45,6 @@ def _models_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _produce(args: argparse.Namespace) -> int:
-    from producer import cli
-
-    return cli.run(args)
-
-
-def _extract(args: argparse.Namespace) -> int:
-    from extractor import cli
-
-    return cli.run(args)
-
-
-def _sink(args: argparse.Namespace) -> int:
-    from sink import cli
-
-    return cli.run(args)
-
-
-def _inspect(args: argparse.Namespace) -> int:
-    from sink import inspect
-
-    return inspect.run(args)
-
-
-def _export(args: argparse.Namespace) -> int:
-    from sink import export
-
-    return export.run(args)
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from hsx import demo
-
-    return demo.run(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hsx", description="Streaming hidden-states extraction with vLLM and Kafka.")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR (default INFO)")
@@ -80,48 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     broker.set_defaults(handler=_broker)
 
-    from producer import cli as producer_cli
-
-    produce = commands.add_parser("produce", help="publish prompts from a JSONL file")
-    producer_cli.add_arguments(produce)
-    produce.set_defaults(handler=_produce)
-
     models = commands.add_parser("models", help="prepare the bundled models")
     models_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     prepare = models_commands.add_parser("prepare", help="build the tiny test model and SmolLM2 (cached)")
     prepare.add_argument("--dir", type=Path, help="cache directory (env HSX_CACHE_DIR, default ~/.cache/hsx)")
     prepare.set_defaults(handler=_models_prepare)
 
-    from extractor import cli as extractor_cli
-
-    extract = commands.add_parser("extract", help="consume prompts and extract hidden states with vLLM")
-    extractor_cli.add_arguments(extract)
-    extract.set_defaults(handler=_extract)
-
-    from sink import cli as sink_cli
-
-    sink = commands.add_parser("sink", help="write hidden-state blocks to a sharded safetensors dataset")
-    sink_cli.add_arguments(sink)
-    sink.set_defaults(handler=_sink)
-
-    from sink import inspect as inspect_module
-
-    inspect = commands.add_parser("inspect", help="summarize a dataset or one of its shards")
-    inspect_module.add_arguments(inspect)
-    inspect.set_defaults(handler=_inspect)
-
-    from sink import export as export_module
-
-    export = commands.add_parser("export", help="write a dataset in another trainer's layout (speculators)")
-    export_module.add_arguments(export)
-    export.set_defaults(handler=_export)
-
-    from hsx import demo as demo_module
-
-    demo = commands.add_parser("demo", help="run the whole pipeline on a small bundled prompt mix")
-    demo_module.add_arguments(demo)
-    demo.set_defaults(handler=_demo)
-
+    for name, help_text, module_name in SERVICE_COMMANDS:
+        module = importlib.import_module(module_name)
+        sub = commands.add_parser(name, help=help_text)
+        module.add_arguments(sub)
+        sub.set_defaults(handler=module.run)
     return parser
 
 

@@ -59,6 +59,7 @@ class SinkStats:
     ready_events: int = 0
     duplicates: int = 0
     rejected: int = 0
+
     def as_dict(self) -> dict[str, int]:
         return {k: v for k, v in vars(self).items()}
 
