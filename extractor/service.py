@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from pydantic import ValidationError
 
 from extractor.completion import CompletionReceiver
@@ -26,6 +26,7 @@ from extractor.engine import Engine, EngineOptions
 from extractor.prompts import PreparedPrompt, PromptPreparer, PromptRejected
 from runtime.watermarks import Watermarks
 from runtime.kafka import consumer_config, ensure_topics, make_producer
+from runtime.kafka.commits import commit_watermarks
 from runtime.settings import KafkaSettings, TopicSettings
 from schemas import DEFAULT_LIMITS, DlqHeaders, PromptEvent, PromptLimits, SourceRef, format_validation_error
 from schemas.connector import ConnectorConfig, RequestParams
@@ -355,18 +356,7 @@ class Extractor:
         )
 
     def _commit(self, only: set[tuple[str, int]] | None = None) -> None:
-        positions = {tp: o for tp, o in self._marks.to_commit().items() if only is None or tp in only}
-        if not positions:
-            return
-        try:
-            self._consumer.commit(
-                offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()], asynchronous=False
-            )
-        except KafkaException as exc:
-            log.warning("commit failed (will retry): %s", exc)
-            return
-        self._marks.committed(positions)
-        log.debug("committed %s", positions)
+        commit_watermarks(self._consumer, self._marks, only)
 
 
 def _preparer(options: EngineOptions) -> PromptPreparer:

@@ -17,9 +17,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from runtime.kafka import DeliveryFailed, consumer_config, ensure_topics, make_producer
+from runtime.kafka.commits import as_offsets, commit_watermarks
 from runtime.settings import KafkaSettings, TopicSettings
 from runtime.watermarks import Watermarks
 from schemas import DlqHeaders, HiddenStatesReady
@@ -328,22 +329,12 @@ class Sink:
                 self._ready.begin_transaction()
                 self._commit_transaction()
             return
-        positions = {tp: o for tp, o in self._marks.to_commit().items() if only is None or tp in only}
-        if not positions:
-            return
-        try:
-            self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()],
-                                  asynchronous=False)
-        except KafkaException as exc:
-            log.warning("commit failed (will retry): %s", exc)
-            return
-        self._marks.committed(positions)
+        commit_watermarks(self._consumer, self._marks, only)
 
     def _commit_transaction(self) -> None:
         """Commit the open transaction together with every committable offset."""
         positions = self._marks.to_commit()
         if positions:
-            self._ready.send_offsets_to_transaction(
-                [TopicPartition(t, p, o) for (t, p), o in positions.items()], self._consumer.consumer_group_metadata())
+            self._ready.send_offsets_to_transaction(as_offsets(positions), self._consumer.consumer_group_metadata())
         self._ready.commit_transaction(60)
         self._marks.committed(positions)
