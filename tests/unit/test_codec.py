@@ -97,3 +97,25 @@ def test_damaged_framing_is_detected(mangle, message: str) -> None:  # type: ign
 def test_shape_must_match_bytes() -> None:
     with pytest.raises(ValueError, match="do not match shape"):
         encode_block(b"\0" * 10, shape=(1, 1, 4), dtype=DType.FLOAT32, token_start=0)
+
+
+@pytest.fixture(scope="module")
+def real_hidden_states() -> torch.Tensor:
+    """SmolLM2's hidden states (HF transformers, float32) on a short text."""
+    from transformers import AutoTokenizer
+
+    from hsx import models
+    from hsx.reference import HFReference
+
+    path = models.prepare(names=["smollm2-135m-instruct"])["smollm2-135m-instruct"]
+    ids = AutoTokenizer.from_pretrained(path)("Hidden states of a real model compress better than noise.")["input_ids"]
+    return HFReference(path).hidden_states(ids, [2, 15, 27, 30])
+
+
+@pytest.mark.parametrize("dtype", list(DType))
+@pytest.mark.parametrize("codec", list(Codec))
+def test_round_trip_is_bit_exact_on_real_hidden_states(real_hidden_states: torch.Tensor, dtype: DType,
+                                                       codec: Codec) -> None:
+    x = real_hidden_states.to(TORCH_DTYPES[dtype])
+    _, raw = decode_block(encode_block(raw_bytes(x), shape=tuple(x.shape), dtype=dtype, token_start=0, codec=codec))
+    assert raw == raw_bytes(x).tobytes()
