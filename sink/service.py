@@ -219,7 +219,8 @@ class Sink:
             self._close_shard(state)
         state.shard.add(sample)
         shard = state.shard
-        if shard.nbytes >= self.options.max_shard_bytes or len(shard.samples) >= self.options.max_shard_samples:
+        full = shard.nbytes >= self.options.max_shard_bytes or len(shard.samples) >= self.options.max_shard_samples
+        if full and time.monotonic() >= state.retry_at:  # after a storage error, wait out the backoff
             self._close_shard(state)
 
     def _reject(self, state: _Partition, rejected: Rejected) -> None:
