@@ -68,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     service.add_argument("--max-inflight", type=int, default=64, help="prompts in flight (default 64)")
     service.add_argument("--max-attempts", type=int, default=3, help="attempts before dead-lettering")
     service.add_argument("--exit-when-idle", type=float, metavar="SECS", help="stop after SECS with nothing to do")
+    service.add_argument("--health-port", type=int,
+                         help="serve /healthz, /readyz, /metrics on this port (off if unset)")
     service.add_argument("--stats-file", type=Path, help="write the final statistics here as JSON")
     service.add_argument("--codec", type=Codec, choices=list(Codec), default=Codec.BYTEPLANE_ZSTD)
     service.add_argument("--codec-level", type=int, default=1, help="zstd level (default 1)")
@@ -116,6 +118,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[EngineOptions, Connecto
         max_attempts=args.max_attempts,
         session_timeout_ms=args.session_timeout_ms,
         exit_when_idle=args.exit_when_idle,
+        health_port=args.health_port,
     )
     return engine, connector, service
 

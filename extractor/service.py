@@ -21,12 +21,14 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from pydantic import ValidationError
 
+from extractor import metrics
 from extractor.completion import CompletionReceiver
 from extractor.engine import Engine, EngineOptions
 from extractor.prompts import PreparedPrompt, PromptPreparer, PromptRejected
 from runtime.watermarks import Watermarks
 from runtime.kafka import consumer_config, ensure_topics, make_producer
-from runtime.kafka.commits import commit_watermarks
+from runtime.health import HealthServer
+from runtime.kafka.commits import commit_watermarks, partition_lag
 from runtime.settings import KafkaSettings, TopicSettings
 from schemas import DEFAULT_LIMITS, DlqHeaders, PromptEvent, PromptLimits, SourceRef, format_validation_error
 from schemas.connector import ConnectorConfig, RequestParams
@@ -48,6 +50,8 @@ class ExtractorOptions:
     """Stop after this many seconds with nothing to do (batch runs)."""
     drain_timeout: float = 300.0
     """On SIGTERM, how long in-flight prompts may take to finish."""
+    health_port: int | None = None
+    """Serve /healthz, /readyz and /metrics here (0: any free port; None: off)."""
 
 
 @dataclass
@@ -122,6 +126,8 @@ class Extractor:
         self._fatal: BaseException | None = None
         self._last_activity = time.monotonic()
         self._paused = False
+        self._engine_ready = False
+        self.health: HealthServer | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -134,11 +140,14 @@ class Extractor:
         # The connector runs in vLLM's processes and reads Kafka settings from the
         # environment it inherits (secrets stay out of vLLM's logged config).
         os.environ["HSX_KAFKA_BOOTSTRAP"] = self.kafka.bootstrap
+        if self.options.health_port is not None:
+            self.health = HealthServer(self.options.health_port, self._readiness).start()
         with tempfile.TemporaryDirectory(prefix="hsx-extractor-") as tmp:
             self._completions = CompletionReceiver(Path(tmp))
             self._completions.start()
             connector = self.connector.model_copy(update={"completion_address": self._completions.address})
             self._engine = Engine(self.engine_options, connector)
+            self._engine_ready = True
             try:
                 self._preparer = _preparer(self.engine_options)
                 self._dlq = make_producer(self.kafka)
@@ -160,10 +169,21 @@ class Extractor:
             finally:
                 self._close()
                 await self._completions.close()
+                if self.health is not None:
+                    self.health.stop()
         if self._fatal is not None:
             raise FatalError(str(self._fatal)) from self._fatal
         log.info("extractor finished: %s", self.stats.describe())
         return self.stats
+
+    def _readiness(self) -> tuple[bool, str]:
+        if not self._engine_ready:
+            return False, "loading the model"
+        if self._stopping.is_set():
+            return False, "draining"
+        if not self._consumer.assignment():
+            return False, "no partitions assigned"
+        return True, f"ready: {len(self._tasks)} prompts in flight"
 
     def stop(self) -> None:
         """Stop fetching; in-flight prompts finish, then the service commits and leaves."""
@@ -182,8 +202,11 @@ class Extractor:
             messages = self._consumer.consume(num_messages=room, timeout=0)
             for message in messages:
                 self._accept(message)
+            metrics.IN_FLIGHT.set(len(self._tasks))
             if time.monotonic() - last_commit >= self.options.commit_interval:
                 self._commit()
+                for (topic, partition), lag in partition_lag(self._consumer).items():
+                    metrics.LAG.labels(topic, str(partition)).set(lag)
                 last_commit = time.monotonic()
             if self._idle_expired():
                 log.info("idle for %.0fs: stopping", self.options.exit_when_idle)
@@ -212,6 +235,7 @@ class Extractor:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("assigned %s", [(p.topic, p.partition) for p in partitions])
+        metrics.REBALANCES.labels("assign").inc()
         self._last_activity = time.monotonic()
         if self._paused:
             consumer.pause(partitions)
@@ -221,6 +245,7 @@ class Extractor:
         work; prompts still running for them finish but are not committed here
         (the new owner reprocesses them; the sink drops the duplicates)."""
         log.info("revoked %s", [(p.topic, p.partition) for p in partitions])
+        metrics.REBALANCES.labels("revoke").inc()
         revoked = {(p.topic, p.partition) for p in partitions}
         self._commit(only=revoked)
         for tp in revoked:
@@ -321,11 +346,17 @@ class Extractor:
                     self.stats.raw_bytes += report.raw_bytes
                     self.stats.compressed_bytes += report.compressed_bytes
                     self.stats.last_done_at = time.monotonic()
+                    metrics.PROMPTS.inc()
+                    metrics.TOKENS.inc(report.num_tokens)
+                    metrics.RAW_BYTES.inc(report.raw_bytes)
+                    metrics.COMPRESSED_BYTES.inc(report.compressed_bytes)
                     return None
                 reason = f"attempt {attempt}: {report.error}"
             log.warning("extraction of %s failed (%s)%s", event.request_id, reason,
                         "; retrying" if attempt < self.options.max_attempts else "")
-            self.stats.retries += attempt < self.options.max_attempts
+            if attempt < self.options.max_attempts:
+                self.stats.retries += 1
+                metrics.RETRIES.inc()
         return "extraction_failed", reason
 
     def _done(self, source: SourceRef) -> None:
@@ -345,6 +376,7 @@ class Extractor:
         def delivered(err: KafkaError | None, _msg: Message) -> None:
             if err is None:
                 self.stats.dead_lettered += 1
+                metrics.DEAD_LETTERS.labels(error_class).inc()
                 self._done(source)
             else:
                 # Never commit past a record we could not account for.
@@ -356,7 +388,8 @@ class Extractor:
         )
 
     def _commit(self, only: set[tuple[str, int]] | None = None) -> None:
-        commit_watermarks(self._consumer, self._marks, only)
+        with metrics.COMMIT_SECONDS.time():
+            commit_watermarks(self._consumer, self._marks, only)
 
 
 def _preparer(options: EngineOptions) -> PromptPreparer:

@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exactly-once", action="store_true",
                         help="ready events and offset commits in one Kafka transaction (needs a broker with full "
                              "transaction support, e.g. Apache Kafka)")
+    parser.add_argument("--health-port", type=int, help="serve /healthz, /readyz, /metrics on this port (off if unset)")
     parser.add_argument("--stats-file", type=Path, help="write the final statistics here as JSON")
 
 
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         max_shard_samples=args.max_shard_samples, max_shard_age=args.max_shard_age,
         max_buffer_bytes=args.max_buffer_bytes, incomplete_timeout=args.incomplete_timeout,
         session_timeout_ms=args.session_timeout_ms, exit_when_idle=args.exit_when_idle,
-        exactly_once=args.exactly_once,
+        exactly_once=args.exactly_once, health_port=args.health_port,
     )
     try:
         stats = Sink(kafka, topics, options).run()

@@ -20,10 +20,12 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from runtime.kafka import DeliveryFailed, consumer_config, ensure_topics, make_producer
-from runtime.kafka.commits import as_offsets, commit_watermarks
+from runtime.health import HealthServer
+from runtime.kafka.commits import as_offsets, commit_watermarks, partition_lag
 from runtime.settings import KafkaSettings, TopicSettings
 from runtime.watermarks import Watermarks
 from schemas import DlqHeaders, HiddenStatesReady
+from sink import metrics
 from sink.assembler import Assembler, Record, Rejected, Sample
 from sink.shards import OpenShard, partition_prefix, read_indexes, remove_orphans, write_shard
 from sink.storage import LocalStorage, Storage
@@ -49,6 +51,8 @@ class SinkOptions:
     exit_when_idle: float | None = None
     exactly_once: bool = False
     """Publish ready events and commit offsets in one Kafka transaction."""
+    health_port: int | None = None
+    """Serve /healthz, /readyz and /metrics here (0: any free port; None: off)."""
 
 
 @dataclass
@@ -102,6 +106,7 @@ class Sink:
         self._stopping = False
         self._paused = False
         self._last_activity = time.monotonic()
+        self.health: HealthServer | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -109,6 +114,8 @@ class Sink:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
         ensure_topics(self.kafka, self.topic_settings, [self.topics.blocks, self.topics.blocks_dlq, self.topics.ready])
+        if self.options.health_port is not None:
+            self.health = HealthServer(self.options.health_port, self._readiness).start()
         self._producer = make_producer(self.kafka)
         self._ready = self._producer
         if self.options.exactly_once:
@@ -130,8 +137,17 @@ class Sink:
         finally:
             self._consumer.close()
             self._producer.flush(30)
+            if self.health is not None:
+                self.health.stop()
         log.info("sink finished: %s", self.stats.describe())
         return self.stats
+
+    def _readiness(self) -> tuple[bool, str]:
+        if self._stopping:
+            return False, "draining"
+        if not self._partitions:
+            return False, "no partitions assigned"
+        return True, f"ready: {len(self._partitions)} partitions"
 
     def stop(self) -> None:
         log.info("stopping: flushing open shards")
@@ -146,6 +162,9 @@ class Sink:
             self._housekeeping()
             if time.monotonic() - last_commit >= self.options.commit_interval:
                 self._commit()
+                for (topic, partition), lag in partition_lag(self._consumer).items():
+                    metrics.LAG.labels(topic, str(partition)).set(lag)
+                metrics.BUFFERED_BYTES.set(self._buffered())
                 last_commit = time.monotonic()
             idle = self.options.exit_when_idle
             if idle is not None and time.monotonic() - self._last_activity >= idle:
@@ -155,6 +174,7 @@ class Sink:
     # -- consumer-group callbacks ---------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        metrics.REBALANCES.labels("assign").inc()
         self._last_activity = time.monotonic()
         for p in partitions:
             prefix = partition_prefix(p.topic, p.partition)
@@ -170,6 +190,7 @@ class Sink:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Make what we hold durable and commit it before the partitions move on."""
         log.info("revoked %s", [(p.topic, p.partition) for p in partitions])
+        metrics.REBALANCES.labels("revoke").inc()
         keys = {(p.topic, p.partition) for p in partitions}
         for key in keys:
             if key in self._partitions:
@@ -209,6 +230,7 @@ class Sink:
         request_id = sample.manifest.request_id
         if request_id in state.seen or request_id in state.shard.request_ids:
             self.stats.duplicates += 1
+            metrics.DUPLICATES.inc()
             log.info("duplicate of %s dropped (attempt %s)", request_id, sample.manifest.attempt_id)
             if request_id in state.seen:
                 state.republish.append((state.seen[request_id], sample.offsets))
@@ -225,6 +247,7 @@ class Sink:
 
     def _reject(self, state: _Partition, rejected: Rejected) -> None:
         self.stats.rejected += 1
+        metrics.REJECTED.labels(rejected.error_class).inc()
         log.warning("rejected %s at %s/%d: %s: %s", rejected.request_id, state.topic, state.partition,
                     rejected.error_class, rejected.reason)
         headers = DlqHeaders.build(rejected.error_class, rejected.reason, service="sink", source_topic=state.topic,
@@ -265,9 +288,12 @@ class Sink:
         state.backoff = 0.5
         self._publish(state, events, [o for sample in shard.samples for o in sample.offsets])
         self.stats.shards += 1
+        metrics.SHARDS.inc()
         for sample in shard.samples:
             self.stats.samples += 1
             self.stats.tokens += sample.manifest.num_tokens
+            metrics.SAMPLES.inc()
+            metrics.TOKENS.inc(sample.manifest.num_tokens)
             self.stats.raw_bytes += len(sample.hidden_states)
         state.seen.update((e.request_id, e) for e in events)
         state.shard = OpenShard(state.topic, state.partition)
@@ -290,6 +316,7 @@ class Sink:
                 raise DeliveryFailed("ready events not acknowledged within 60s")
             self._done(state, offsets)
         self.stats.ready_events += len(events)
+        metrics.READY_EVENTS.inc(len(events))
 
     def _republish_duplicates(self) -> None:
         for state in self._partitions.values():
@@ -330,7 +357,8 @@ class Sink:
                 self._ready.begin_transaction()
                 self._commit_transaction()
             return
-        commit_watermarks(self._consumer, self._marks, only)
+        with metrics.COMMIT_SECONDS.time():
+            commit_watermarks(self._consumer, self._marks, only)
 
     def _commit_transaction(self) -> None:
         """Commit the open transaction together with every committable offset."""

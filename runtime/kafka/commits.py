@@ -29,3 +29,17 @@ def commit_watermarks(consumer: Consumer, marks: Watermarks, only: set[TopicPart
         return
     marks.committed(positions)
     log.debug("committed %s", positions)
+
+
+def partition_lag(consumer: Consumer) -> dict[TopicPartitionKey, int]:
+    """Records between each assigned partition's fetch position and its end, from
+    the watermarks librdkafka caches with every fetch (no broker round trip)."""
+    lag = {}
+    for tp in consumer.position(consumer.assignment()):
+        try:
+            _, high = consumer.get_watermark_offsets(tp, cached=True)
+        except KafkaException:
+            continue
+        if tp.offset >= 0 and high >= 0:
+            lag[(tp.topic, tp.partition)] = max(0, high - tp.offset)
+    return lag

@@ -18,6 +18,8 @@ from hsx import models
 from runtime.kafka import consumer_config, ensure_topics
 from runtime.settings import KafkaSettings, TopicSettings
 from hsx.demo import cpu_engine_env
+from runtime.broker import free_port
+from tests.unit.test_health import get
 from tests.engine_helpers import reassemble, run_extractor
 from tests.kafka_helpers import drain
 
@@ -48,6 +50,13 @@ def _wait_for_first_record(kafka: KafkaSettings, topic: str, timeout: float = 30
         consumer.close()
 
 
+def _prompts_metric(port: int) -> float:
+    status, body = get(port, "/metrics")
+    assert status == 200
+    line = next(x for x in body.splitlines() if x.startswith("hsx_extractor_prompts_total "))
+    return float(line.split()[1])
+
+
 def test_sigterm_drains_and_restart_finishes(kafka: KafkaSettings, tmp_path: Path) -> None:
     model = models.prepare(names=["tiny-llama"])["tiny-llama"]
     suffix = uuid.uuid4().hex[:8]
@@ -59,14 +68,22 @@ def test_sigterm_drains_and_restart_finishes(kafka: KafkaSettings, tmp_path: Pat
         producer.produce(topics["prompts"], key=f"d-{i}".encode(), value=orjson.dumps({"request_id": f"d-{i}", "prompt": words}))
     assert producer.flush(30) == 0
 
+    health_port = free_port()
     cmd = [sys.executable, "-m", "hsx.cli", "extract", "--bootstrap", kafka.bootstrap, "--topic", topics["prompts"],
            "--blocks-topic", topics["blocks"], "--dlq-topic", topics["prompts_dlq"], "--group", topics["group"],
            "--model", str(model), "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
-           "--session-timeout-ms", "6000", "--max-inflight", "4"]
+           "--session-timeout-ms", "6000", "--max-inflight", "4", "--health-port", str(health_port)]
     with (tmp_path / "first.log").open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=cpu_engine_env())
         try:
             _wait_for_first_record(kafka, topics["blocks"])
+            assert get(health_port, "/readyz")[0] == 200
+            first, second = _prompts_metric(health_port), None
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and (second is None or second <= first):
+                time.sleep(0.2)
+                second = _prompts_metric(health_port)
+            assert first > 0 and second is not None and second > first, "hsx_extractor_prompts_total did not move"
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=120) == 0, (tmp_path / "first.log").read_text()[-3000:]
         finally:

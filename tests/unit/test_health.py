@@ -1,0 +1,47 @@
+"""The operations endpoint over real HTTP."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client import Counter
+
+from runtime.health import HealthServer
+
+PROBE = Counter("hsx_test_probe", "A counter only this test moves")
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_health_readiness_and_metrics() -> None:
+    state = {"ready": False}
+    server = HealthServer(0, lambda: (state["ready"], "ok" if state["ready"] else "loading the model"),
+                          host="127.0.0.1").start()
+    try:
+        assert get(server.port, "/healthz") == (200, "ok\n")
+        assert get(server.port, "/readyz") == (503, "loading the model\n")
+        state["ready"] = True
+        assert get(server.port, "/readyz") == (200, "ok\n")
+        PROBE.inc(3)
+        status, body = get(server.port, "/metrics")
+        assert status == 200 and "hsx_test_probe_total 3.0" in body
+        assert get(server.port, "/nope")[0] == 404
+    finally:
+        server.stop()
+
+
+def test_port_in_use_is_a_clear_error() -> None:
+    first = HealthServer(0, lambda: (True, ""), host="127.0.0.1")
+    try:
+        with pytest.raises(OSError):
+            HealthServer(first.port, lambda: (True, ""), host="127.0.0.1")
+    finally:
+        first.stop()
