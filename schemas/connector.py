@@ -6,7 +6,7 @@ the completion channel."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import Field, JsonValue
 
@@ -59,4 +59,3 @@ class CompletionReport(StrictModel):
     num_tokens: NonNegativeInt = 0
     raw_bytes: NonNegativeInt = 0
     compressed_bytes: NonNegativeInt = 0
-    kind: Literal["completion"] = "completion"
