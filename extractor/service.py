@@ -28,6 +28,7 @@ from extractor.prompts import PreparedPrompt, PromptPreparer, PromptRejected
 from runtime.watermarks import Watermarks
 from runtime.kafka import consumer_config, ensure_topics, make_producer
 from runtime.health import HealthServer
+from runtime.logs import record_fields
 from runtime.kafka.commits import commit_watermarks, partition_lag
 from runtime.settings import KafkaSettings, TopicSettings
 from schemas import DEFAULT_LIMITS, DlqHeaders, PromptEvent, PromptLimits, SourceRef, format_validation_error
@@ -353,7 +354,8 @@ class Extractor:
                     return None
                 reason = f"attempt {attempt}: {report.error}"
             log.warning("extraction of %s failed (%s)%s", event.request_id, reason,
-                        "; retrying" if attempt < self.options.max_attempts else "")
+                        "; retrying" if attempt < self.options.max_attempts else "",
+                        extra=record_fields(event.request_id, source.topic, source.partition, source.offset))
             if attempt < self.options.max_attempts:
                 self.stats.retries += 1
                 metrics.RETRIES.inc()
@@ -366,7 +368,9 @@ class Extractor:
         """Publish the original record to the DLQ; its offset is done once Kafka
         acknowledged the dead letter."""
         log.warning("dead-lettering %s/%d@%d: %s: %s", message.topic(), message.partition(), message.offset(),
-                    error_class, reason)
+                    error_class, reason, extra=record_fields(
+                        (message.key() or b"").decode("utf-8", "replace") or None, message.topic(),
+                        message.partition(), message.offset()))
         headers = DlqHeaders.build(
             error_class, reason, service="extractor", source_topic=message.topic(),
             source_partition=message.partition(), source_offset=message.offset(),

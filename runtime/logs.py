@@ -25,3 +25,12 @@ def configure_logging(level: str = "INFO", fmt: LogFormat = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+def record_fields(
+    request_id: str | None = None, topic: str | None = None, partition: int | None = None, offset: int | None = None
+) -> dict[str, object]:
+    """``extra=`` for a log call about one record: with ``--log-format json`` these
+    become fields of the line, so logs can be filtered by request or offset."""
+    fields = {"request_id": request_id, "topic": topic, "partition": partition, "offset": offset}
+    return {k: v for k, v in fields.items() if v is not None}

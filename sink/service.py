@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from runtime.kafka import DeliveryFailed, consumer_config, ensure_topics, make_producer
 from runtime.health import HealthServer
+from runtime.logs import record_fields
 from runtime.kafka.commits import as_offsets, commit_watermarks, partition_lag
 from runtime.settings import KafkaSettings, TopicSettings
 from runtime.watermarks import Watermarks
@@ -231,7 +232,8 @@ class Sink:
         if request_id in state.seen or request_id in state.shard.request_ids:
             self.stats.duplicates += 1
             metrics.DUPLICATES.inc()
-            log.info("duplicate of %s dropped (attempt %s)", request_id, sample.manifest.attempt_id)
+            log.info("duplicate of %s dropped (attempt %s)", request_id, sample.manifest.attempt_id,
+                     extra=record_fields(request_id, state.topic, state.partition, sample.manifest_offset))
             if request_id in state.seen:
                 state.republish.append((state.seen[request_id], sample.offsets))
             else:  # its first copy is in the open shard; its event comes with the shard
@@ -249,7 +251,8 @@ class Sink:
         self.stats.rejected += 1
         metrics.REJECTED.labels(rejected.error_class).inc()
         log.warning("rejected %s at %s/%d: %s: %s", rejected.request_id, state.topic, state.partition,
-                    rejected.error_class, rejected.reason)
+                    rejected.error_class, rejected.reason,
+                    extra=record_fields(rejected.request_id, state.topic, state.partition, rejected.offsets[-1]))
         headers = DlqHeaders.build(rejected.error_class, rejected.reason, service="sink", source_topic=state.topic,
                                    source_partition=state.partition, source_offset=rejected.offsets[-1])
         key = (state.topic, state.partition)

@@ -19,7 +19,7 @@ from runtime.kafka import consumer_config, ensure_topics
 from runtime.settings import KafkaSettings, TopicSettings
 from hsx.demo import cpu_engine_env
 from runtime.broker import free_port
-from tests.unit.test_health import get
+from tests.http_helpers import get, metric
 from tests.engine_helpers import reassemble, run_extractor
 from tests.kafka_helpers import drain
 
@@ -50,13 +50,6 @@ def _wait_for_first_record(kafka: KafkaSettings, topic: str, timeout: float = 30
         consumer.close()
 
 
-def _prompts_metric(port: int) -> float:
-    status, body = get(port, "/metrics")
-    assert status == 200
-    line = next(x for x in body.splitlines() if x.startswith("hsx_extractor_prompts_total "))
-    return float(line.split()[1])
-
-
 def test_sigterm_drains_and_restart_finishes(kafka: KafkaSettings, tmp_path: Path) -> None:
     model = models.prepare(names=["tiny-llama"])["tiny-llama"]
     suffix = uuid.uuid4().hex[:8]
@@ -78,11 +71,11 @@ def test_sigterm_drains_and_restart_finishes(kafka: KafkaSettings, tmp_path: Pat
         try:
             _wait_for_first_record(kafka, topics["blocks"])
             assert get(health_port, "/readyz")[0] == 200
-            first, second = _prompts_metric(health_port), None
+            first, second = metric(health_port, "hsx_extractor_prompts_total"), None
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and (second is None or second <= first):
                 time.sleep(0.2)
-                second = _prompts_metric(health_port)
+                second = metric(health_port, "hsx_extractor_prompts_total")
             assert first > 0 and second is not None and second > first, "hsx_extractor_prompts_total did not move"
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=120) == 0, (tmp_path / "first.log").read_text()[-3000:]

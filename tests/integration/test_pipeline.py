@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -20,24 +21,51 @@ from hsx import models
 from hsx.cli import main
 from hsx.demo import cpu_engine_env
 from hsx.reference import HFReference, max_relative_error
+from runtime.broker import free_port
 from runtime.kafka import ensure_topics
 from runtime.settings import KafkaSettings, TopicSettings
 from schemas import HiddenStatesReady
 from sink.reader import follow, open_dataset
 from tests.engine_helpers import run_extractor
 from tests.integration.test_extractor import good_prompts
+from tests.http_helpers import get, metric
 from tests.kafka_helpers import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
 
-def run_sink(kafka: KafkaSettings, topics: TopicSettings, output: Path, group: str, log: Path, *extra: str) -> None:
-    cmd = [sys.executable, "-m", "hsx.cli", "sink", "--bootstrap", kafka.bootstrap, "--output", str(output),
+def sink_command(kafka: KafkaSettings, topics: TopicSettings, output: Path, group: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "hsx.cli", "sink", "--bootstrap", kafka.bootstrap, "--output", str(output),
            "--topic", topics.blocks, "--ready-topic", topics.ready, "--dlq-topic", topics.blocks_dlq,
            "--group", group, "--session-timeout-ms", "6000", "--exit-when-idle", "6", "--max-shard-samples", "5", *extra]
+
+
+def run_sink(kafka: KafkaSettings, topics: TopicSettings, output: Path, group: str, log: Path, *extra: str) -> None:
+    cmd = sink_command(kafka, topics, output, group, *extra)
     with log.open("wb") as handle:
         result = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, env=cpu_engine_env(), timeout=300)
     assert result.returncode == 0, log.read_text()[-3000:]
+
+
+def _run_sink_scraped(cmd: list[str], log: Path) -> tuple[bool, float]:
+    """Run the sink with its operations endpoint and probe it until it exits."""
+    port = free_port()
+    ready_seen, samples = False, 0.0
+    with log.open("wb") as handle:
+        proc = subprocess.Popen([*cmd, "--health-port", str(port)], stdout=handle, stderr=subprocess.STDOUT,
+                                env=cpu_engine_env())
+        try:
+            while proc.poll() is None:
+                try:
+                    ready_seen |= get(port, "/readyz")[0] == 200
+                    samples = max(samples, metric(port, "hsx_sink_samples_total"))
+                except OSError:  # not listening yet, or already gone
+                    pass
+                time.sleep(0.2)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    return ready_seen, samples
 
 
 def digest(root: Path) -> dict[str, str]:
@@ -62,7 +90,8 @@ def test_pipeline_end_to_end_and_replay(kafka: KafkaSettings, tmp_path: Path, ca
     assert run_extractor(kafka.bootstrap, names, model, tmp_path / "extract.log", "--max-model-len", "512",
                          "--layers", "1,4").returncode == 0
     output = tmp_path / "dataset"
-    run_sink(kafka, topics, output, f"s-{suffix}", tmp_path / "sink.log")
+    ready_seen, samples_seen = _run_sink_scraped(sink_command(kafka, topics, output, f"s-{suffix}"), tmp_path / "sink.log")
+    assert ready_seen and samples_seen > 0, "the sink's /readyz or hsx_sink_samples_total never moved"
 
     dataset = open_dataset(output)
     expected_ids = {p["request_id"] for p in prompts}

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
-
 import pytest
 from prometheus_client import Counter
 
 from runtime.health import HealthServer
+from tests.http_helpers import get
 
 PROBE = Counter("hsx_test_probe", "A counter only this test moves")
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def test_health_readiness_and_metrics() -> None:
