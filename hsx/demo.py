@@ -20,14 +20,14 @@ from importlib import resources
 from pathlib import Path
 
 import orjson
-from confluent_kafka import Consumer
 
 from hsx import models
 from hsx.reference import HFReference, max_relative_error
 from producer.publisher import Mapping, Publisher
 from producer.sources import read_jsonl
 from runtime.broker import dev_bootstrap
-from runtime.kafka import DeliveryTracker, consumer_config, ensure_topics, make_producer
+from runtime.kafka import DeliveryTracker, ensure_topics, make_producer
+from runtime.kafka.drain import drain
 from runtime.settings import KafkaSettings, TopicSettings
 from sink.reader import open_dataset
 
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             for child in (extractor, sink):
                 if child.poll() is None:
                     child.kill()
-        ready = len(_read_all(kafka, topics.ready))
+        ready = len(drain(kafka, topics.ready, expected=published.sent, settle=3.0))
     extracted = orjson.loads((output / "logs/extractor-stats.json").read_bytes())
     sunk = orjson.loads((output / "logs/sink-stats.json").read_bytes())
     return _report(output, model_dir, published.sent, extracted, sunk, ready, wall)
@@ -101,21 +101,6 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as handle:
         return subprocess.Popen([sys.executable, "-m", "hsx.cli", *args], stdout=handle, stderr=subprocess.STDOUT,
                                 env=cpu_engine_env())
-
-
-def _read_all(kafka: KafkaSettings, topic: str, quiet: float = 3.0) -> list:
-    consumer = Consumer(consumer_config(kafka, f"demo-reader-{uuid.uuid4().hex}", **{"session.timeout.ms": 6000}))
-    consumer.subscribe([topic])
-    records, last = [], time.monotonic()
-    try:
-        while time.monotonic() - last < quiet or not records and time.monotonic() - last < 30:
-            msg = consumer.poll(0.2)
-            if msg is not None and msg.error() is None:
-                records.append(msg)
-                last = time.monotonic()
-    finally:
-        consumer.close()
-    return records
 
 
 def _report(output: Path, model_dir: Path, sent: int, extracted: dict, sunk: dict, ready: int, wall: float) -> int:

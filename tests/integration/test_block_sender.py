@@ -22,7 +22,7 @@ from runtime.settings import KafkaSettings, TopicSettings
 from schemas import Codec
 from schemas.connector import CompletionReport, ConnectorConfig, RequestParams
 from tests.engine_helpers import reassemble
-from tests.kafka_helpers import drain
+from runtime.kafka.drain import drain
 
 pytestmark = pytest.mark.integration
 

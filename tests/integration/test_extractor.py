@@ -18,7 +18,7 @@ from runtime.settings import KafkaSettings, TopicSettings
 from schemas import DlqHeaders
 from hsx.reference import HFReference, max_relative_error
 from tests.engine_helpers import Sample, reassemble, run_extractor
-from tests.kafka_helpers import drain
+from runtime.kafka.drain import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 

@@ -21,7 +21,7 @@ from hsx.demo import cpu_engine_env
 from runtime.broker import free_port
 from tests.http_helpers import get, metric
 from tests.engine_helpers import reassemble, run_extractor
-from tests.kafka_helpers import drain
+from runtime.kafka.drain import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 

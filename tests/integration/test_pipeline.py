@@ -29,7 +29,7 @@ from sink.reader import follow, open_dataset
 from tests.engine_helpers import run_extractor
 from tests.integration.test_extractor import good_prompts
 from tests.http_helpers import get, metric
-from tests.kafka_helpers import drain
+from runtime.kafka.drain import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 

@@ -11,7 +11,7 @@ import pytest
 from hsx.cli import main
 from runtime.settings import KafkaSettings, TopicSettings
 from schemas import DlqHeaders, PromptEvent
-from tests.kafka_helpers import drain
+from runtime.kafka.drain import drain
 
 pytestmark = pytest.mark.integration
 

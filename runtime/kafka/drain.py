@@ -1,13 +1,14 @@
-"""Test-side Kafka reading: an independent consumer that drains a topic."""
+"""Reading a whole topic with a throw-away consumer group: for the demo's checks
+and for tests, never for the services' own loops."""
 
 from __future__ import annotations
 
 import time
 import uuid
 
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Consumer, KafkaException, Message
 
-from runtime.kafka import consumer_config
+from runtime.kafka.config import consumer_config
 from runtime.settings import KafkaSettings
 
 
@@ -15,7 +16,7 @@ def drain(kafka: KafkaSettings, topic: str, expected: int, timeout: float = 60.0
     """Read a topic from the beginning until ``expected`` records arrived (then
     ``settle`` seconds more, to catch extras) or ``timeout`` passed."""
     consumer = Consumer(
-        consumer_config(kafka, group_id=f"test-{uuid.uuid4().hex}", **{"session.timeout.ms": 6000})
+        consumer_config(kafka, group_id=f"hsx-drain-{uuid.uuid4().hex}", **{"session.timeout.ms": 6000})
     )
     consumer.subscribe([topic])
     records: list[Message] = []
@@ -28,7 +29,8 @@ def drain(kafka: KafkaSettings, topic: str, expected: int, timeout: float = 60.0
             msg = consumer.poll(0.2)
             if msg is None:
                 continue
-            assert msg.error() is None, msg.error()
+            if msg.error() is not None:
+                raise KafkaException(msg.error())
             records.append(msg)
             if len(records) >= expected and settle_until is None:
                 settle_until = time.monotonic() + settle
