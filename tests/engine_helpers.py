@@ -9,15 +9,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
 import torch
 from confluent_kafka import Message
 
 from hsx.demo import cpu_engine_env
-from schemas import BlockRecordHeaders, Manifest, RecordKind
-from schemas.codec import decode_block
-
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from schemas import Manifest
+from sink.assembler import Assembler, Record, Rejected
+from sink.shards import TORCH_DTYPES
 
 
 def run_extractor(bootstrap: str, topics: dict[str, str], model: Path, log_path: Path, *extra: str,
@@ -40,24 +38,16 @@ class Sample:
 
 
 def reassemble(records: list[Message]) -> dict[str, list[Sample]]:
-    """Decode every complete attempt on the blocks topic, by request id."""
-    blocks: dict[tuple[str, str], dict[int, bytes]] = defaultdict(dict)
+    """Every complete attempt on the blocks topic, by request id, reassembled and
+    verified the way the sink does it; any rejection fails the test."""
+    assemblers: dict[int, Assembler] = defaultdict(Assembler)  # records of a request share a partition
     samples: dict[str, list[Sample]] = defaultdict(list)
     for record in records:
-        headers = BlockRecordHeaders.from_kafka(record.headers())
-        request_id = record.key().decode()
-        if headers.kind is RecordKind.BLOCK:
-            assert headers.block_index is not None
-            blocks[(request_id, headers.attempt_id)][headers.block_index] = record.value()
-            continue
-        manifest = Manifest.model_validate(orjson.loads(record.value()), strict=False)
-        assert manifest.request_id == request_id and manifest.attempt_id == headers.attempt_id
-        got = blocks.pop((request_id, headers.attempt_id))
-        assert sorted(got) == [b.index for b in manifest.blocks], "blocks missing before their manifest"
-        parts = []
-        for ref in manifest.blocks:
-            header, raw = decode_block(got[ref.index])
-            assert (header.token_start, header.token_end, header.checksum) == (ref.token_start, ref.token_end, ref.checksum)
-            parts.append(torch.frombuffer(bytearray(raw), dtype=TORCH_DTYPES[header.dtype.value]).view(header.shape))
-        samples[request_id].append(Sample(manifest, torch.cat(parts)))
+        result = assemblers[record.partition()].add(
+            Record(record.offset(), record.key(), record.value(), record.headers()))
+        assert not isinstance(result, Rejected), result
+        if result is not None:
+            m = result.manifest
+            hidden = torch.frombuffer(bytearray(result.hidden_states), dtype=TORCH_DTYPES[m.dtype])
+            samples[m.request_id].append(Sample(m, hidden.view(m.num_tokens, len(m.layer_ids), m.hidden_size)))
     return samples
