@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from bench.prompts import demo_token_ids
 from extractor.completion import CompletionReceiver
-from extractor.engine import Engine, EngineOptions, default_layer_ids, engine_args
+from extractor.engine import Engine, EngineOptions, default_layer_ids, engine_args, text_config
 from hsx import models
 from runtime.broker import dev_bootstrap
 from runtime.kafka import ensure_topics
@@ -66,12 +67,12 @@ async def run_hsx(engine: Engine, completions: CompletionReceiver, prompts: list
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
     from vllm.v1.engine.async_llm import AsyncLLM
 
     path = models.prepare(names=[args.model])[args.model]
     tokenizer = AutoTokenizer.from_pretrained(path)
-    layers = default_layer_ids(AutoConfig.from_pretrained(path).num_hidden_layers)
+    layers = default_layer_ids(text_config(str(path)).num_hidden_layers)
     prompts = unique_prompts(tokenizer, args.repeat)
     tokens = sum(len(p) for p in prompts)
     options = EngineOptions(model=str(path), layer_ids=layers, dtype="float32", max_model_len=2048,
@@ -81,9 +82,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
         kafka = KafkaSettings(bootstrap=bootstrap)
         topic = f"bench.blocks-{uuid.uuid4().hex[:6]}"
         ensure_topics(kafka, TopicSettings(partitions=1), [topic])
-        import os
-
-        os.environ["HSX_KAFKA_BOOTSTRAP"] = bootstrap
+        os.environ["HSX_KAFKA_BOOTSTRAP"] = bootstrap  # the connector reads it in vLLM's processes
         completions = CompletionReceiver(Path(tmp))
         completions.start()
         connector = ConnectorConfig(completion_address=completions.address, blocks_topic=topic, model=args.model)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 
-from extractor.engine import EngineOptions, default_layer_ids
+from extractor.engine import EngineOptions, default_layer_ids, text_config
 from extractor.service import Extractor, ExtractorOptions, FatalError
 from runtime.kafka import KafkaUnavailable
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
@@ -80,13 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> tuple[EngineOptions, ConnectorConfig, ExtractorOptions]:
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(args.model)
-    text_config = getattr(config, "get_text_config", lambda: config)()
-    layers = args.layers or default_layer_ids(text_config.num_hidden_layers)
-    if max(layers) > text_config.num_hidden_layers:
-        raise ValueError(f"layer ids go up to num_hidden_layers = {text_config.num_hidden_layers}, got {layers}")
+    config = text_config(args.model)
+    layers = args.layers or default_layer_ids(config.num_hidden_layers)
+    if max(layers) > config.num_hidden_layers:
+        raise ValueError(f"layer ids go up to num_hidden_layers = {config.num_hidden_layers}, got {layers}")
     engine = EngineOptions(
         model=args.model,
         layer_ids=layers,
@@ -101,7 +98,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[EngineOptions, Connecto
     )
     # One request of max_model_len tokens must always fit the in-flight budget
     # (4 bytes per element bounds every supported dtype).
-    largest = args.max_model_len * len(layers) * text_config.hidden_size * 4
+    largest = args.max_model_len * len(layers) * config.hidden_size * 4
     connector = ConnectorConfig(
         completion_address="ipc://set-by-the-extractor",
         blocks_topic=TopicSettings(**overrides(blocks=args.blocks_topic)).blocks,

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from extractor import metrics
 from extractor.completion import CompletionReceiver
-from extractor.engine import Engine, EngineOptions
+from extractor.engine import Engine, EngineOptions, text_config
 from extractor.prompts import PreparedPrompt, PromptPreparer, PromptRejected
 from runtime.watermarks import Watermarks
 from runtime.kafka import consumer_config, ensure_topics, make_producer
@@ -397,8 +397,7 @@ class Extractor:
 
 
 def _preparer(options: EngineOptions) -> PromptPreparer:
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    config = AutoConfig.from_pretrained(options.model)
-    text_config = getattr(config, "get_text_config", lambda: config)()
-    return PromptPreparer(AutoTokenizer.from_pretrained(options.model), text_config.vocab_size, options.max_model_len)
+    vocab_size = text_config(options.model).vocab_size
+    return PromptPreparer(AutoTokenizer.from_pretrained(options.model), vocab_size, options.max_model_len)
