@@ -118,9 +118,6 @@ class Assembler:
                 sorted(r.offset for r in pending.blocks.values()), request_id))
         return out
 
-    def pending_offsets(self) -> list[int]:
-        return [r.offset for p in self._pending.values() for r in p.blocks.values()]
-
 
 class _Invalid(ValueError):
     def __init__(self, error_class: str, reason: str) -> None:

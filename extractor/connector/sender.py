@@ -15,7 +15,6 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from confluent_kafka import KafkaError, Message
@@ -278,7 +277,3 @@ class BlockSender:
         self._closing.set()
         self._poller.join(timeout=5)
         self._completions.close()
-
-    def stats(self) -> dict[str, Any]:
-        with self._lock:
-            return {"inflight": self._inflight, "inflight_bytes": self._inflight_bytes}
