@@ -14,6 +14,7 @@ from extractor.engine import EngineOptions, default_layer_ids, text_config
 from extractor.service import Extractor, ExtractorOptions, FatalError
 from runtime.kafka import KafkaUnavailable
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
+from runtime.logs import redact_secrets
 from schemas import Codec
 from schemas.connector import ConnectorConfig
 
@@ -122,6 +123,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[EngineOptions, Connecto
 
 def run(args: argparse.Namespace) -> int:
     kafka = KafkaSettings(**overrides(bootstrap=args.bootstrap))
+    redact_secrets(kafka.secret_values())
     topics = TopicSettings(**overrides(prompts=args.topic, blocks=args.blocks_topic, prompts_dlq=args.dlq_topic))
     try:
         engine, connector, service = options_from_args(args)

@@ -28,7 +28,7 @@ from extractor.prompts import PreparedPrompt, PromptPreparer, PromptRejected
 from runtime.watermarks import Watermarks
 from runtime.kafka import consumer_config, ensure_topics, make_producer
 from runtime.health import HealthServer
-from runtime.logs import record_fields
+from runtime.logs import record_fields, redact
 from runtime.kafka.commits import commit_watermarks, partition_lag
 from runtime.settings import KafkaSettings, TopicSettings
 from schemas import DEFAULT_LIMITS, DlqHeaders, PromptEvent, PromptLimits, SourceRef, format_validation_error
@@ -372,7 +372,7 @@ class Extractor:
                         (message.key() or b"").decode("utf-8", "replace") or None, message.topic(),
                         message.partition(), message.offset()))
         headers = DlqHeaders.build(
-            error_class, reason, service="extractor", source_topic=message.topic(),
+            error_class, redact(reason), service="extractor", source_topic=message.topic(),
             source_partition=message.partition(), source_offset=message.offset(),
         )
         source = SourceRef(topic=message.topic(), partition=message.partition(), offset=message.offset())

@@ -16,6 +16,7 @@ from producer.publisher import InvalidLine, InvalidPolicy, Mapping, Publisher, P
 from producer.sources import DatasetFormat, read_jsonl
 from runtime.kafka import DeliveryFailed, DeliveryTracker, KafkaUnavailable, ensure_topics, make_producer
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
+from runtime.logs import redact_secrets
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ def _open_input(name: str) -> Iterator[tuple[IO[bytes], str]]:
 
 def run(args: argparse.Namespace) -> int:
     kafka = KafkaSettings(**overrides(bootstrap=args.bootstrap))
+    redact_secrets(kafka.secret_values())
     topic_settings = TopicSettings(**overrides(prompts=args.topic, prompts_dlq=args.dlq_topic))
     topics = topic_settings.topics()
     mapping = Mapping(

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from producer.sources import DatasetFormat, MappingError, SourceLine, to_event_dict
 from runtime.kafka import DeliveryTracker
+from runtime.logs import redact
 from schemas import DEFAULT_LIMITS, DlqHeaders, PromptEvent, PromptLimits, Topics, format_validation_error
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,6 @@ class Publisher:
 
     def _dead_letter(self, exc: InvalidLine) -> None:
         headers = DlqHeaders.build(
-            exc.error_class, exc.reason, service="producer", source_file=exc.line.source, source_line=exc.line.line_no
+            exc.error_class, redact(exc.reason), service="producer", source_file=exc.line.source, source_line=exc.line.line_no
         )
         self.tracker.produce(self.topics.prompts_dlq, exc.line.raw, key=None, headers=headers.to_kafka())

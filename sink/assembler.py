@@ -5,7 +5,8 @@ Block records wait, per (request_id, attempt_id), for their manifest. The
 manifest completes the sample only if every block it lists arrived with the same
 attempt id, decodes, and matches the manifest's checksums, token ranges and
 shape. Anything else becomes a :class:`Rejected` with a reason; attempts whose
-manifest never comes are rejected after a timeout.
+manifest never comes are rejected after a timeout, or as soon as another attempt
+of the same request completes (a killed extractor's leftovers).
 """
 
 from __future__ import annotations
@@ -105,18 +106,27 @@ class Assembler:
             return Rejected(exc.error_class, str(exc), offsets, request_id, record.value)
         return Sample(manifest, raw, offsets)
 
+    def supersede(self, request_id: str) -> list[Rejected]:
+        """Reject the unfinished attempts of a request that now has a complete one.
+
+        The extractor starts a new attempt only after the previous one ended
+        (failed, or its process died), so their missing records will never come;
+        rejecting them now, instead of after the timeout, lets the partition's
+        committed offset move past them."""
+        stale = [key for key in self._pending if key[0] == request_id]
+        return [self._incomplete(key, "superseded_attempt", "a later attempt completed") for key in stale]
+
     def expire(self, now: float | None = None) -> list[Rejected]:
         """Reject attempts whose manifest has not come within the timeout."""
         now = time.monotonic() if now is None else now
         expired = [k for k, p in self._pending.items() if now - p.first_seen > self._timeout]
-        out = []
-        for request_id, attempt_id in expired:
-            pending = self._pending.pop((request_id, attempt_id))
-            out.append(Rejected(
-                "incomplete_sample",
-                f"attempt {attempt_id}: {len(pending.blocks)} block(s) but no manifest within {self._timeout:.0f}s",
-                sorted(r.offset for r in pending.blocks.values()), request_id))
-        return out
+        return [self._incomplete(key, "incomplete_sample", f"no manifest within {self._timeout:.0f}s") for key in expired]
+
+    def _incomplete(self, key: tuple[str, str], error_class: str, why: str) -> Rejected:
+        pending = self._pending.pop(key)
+        request_id, attempt_id = key
+        return Rejected(error_class, f"attempt {attempt_id}: {len(pending.blocks)} block(s) but {why}",
+                        sorted(r.offset for r in pending.blocks.values()), request_id)
 
 
 class _Invalid(ValueError):

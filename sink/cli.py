@@ -10,6 +10,7 @@ import orjson
 
 from runtime.kafka import DeliveryFailed, KafkaUnavailable
 from runtime.settings import KafkaSettings, TopicSettings, overrides
+from runtime.logs import redact_secrets
 from sink.service import Sink, SinkOptions
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     kafka = KafkaSettings(**overrides(bootstrap=args.bootstrap))
+    redact_secrets(kafka.secret_values())
     topics = TopicSettings(**overrides(blocks=args.topic, ready=args.ready_topic, blocks_dlq=args.dlq_topic))
     options = SinkOptions(
         output=args.output, group_id=args.group, dataset=args.dataset_name, max_shard_bytes=args.max_shard_bytes,

@@ -20,15 +20,16 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from runtime.kafka import DeliveryFailed, consumer_config, ensure_topics, make_producer
+from runtime.kafka.config import MAX_MESSAGE_BYTES
 from runtime.health import HealthServer
-from runtime.logs import record_fields
+from runtime.logs import record_fields, redact
 from runtime.kafka.commits import as_offsets, commit_watermarks, partition_lag
 from runtime.settings import KafkaSettings, TopicSettings
 from runtime.watermarks import Watermarks
 from schemas import DlqHeaders, HiddenStatesReady
 from sink import metrics
 from sink.assembler import Assembler, Record, Rejected, Sample
-from sink.shards import OpenShard, partition_prefix, read_indexes, remove_orphans, write_shard
+from sink.shards import OpenShard, partition_prefix, read_indexes, remove_orphans, stored_token_ids, write_shard
 from sink.storage import LocalStorage, Storage
 
 log = logging.getLogger(__name__)
@@ -126,8 +127,12 @@ class Sink:
                 "transaction.timeout.ms": 300_000,
             })
             self._ready.init_transactions(30)
-        self._consumer = Consumer(consumer_config(
-            self.kafka, self.options.group_id, **{"session.timeout.ms": self.options.session_timeout_ms}))
+        self._consumer = Consumer(consumer_config(self.kafka, self.options.group_id, **{
+            "session.timeout.ms": self.options.session_timeout_ms,
+            # librdkafka prefetches up to 64 MiB by default, outside the budget the
+            # sink pauses on: keep it to a quarter of that budget (at least one record).
+            "queued.max.messages.kbytes": max(MAX_MESSAGE_BYTES, self.options.max_buffer_bytes // 4) // 1024,
+        }))
         self._consumer.subscribe([self.topics.blocks], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                  on_lost=self._on_lost)
         try:
@@ -229,16 +234,19 @@ class Sink:
 
     def _add_sample(self, state: _Partition, sample: Sample) -> None:
         request_id = sample.manifest.request_id
-        if request_id in state.seen or request_id in state.shard.request_ids:
-            self.stats.duplicates += 1
-            metrics.DUPLICATES.inc()
-            log.info("duplicate of %s dropped (attempt %s)", request_id, sample.manifest.attempt_id,
-                     extra=record_fields(request_id, state.topic, state.partition, sample.manifest_offset))
-            if request_id in state.seen:
-                state.republish.append((state.seen[request_id], sample.offsets))
-            else:  # its first copy is in the open shard; its event comes with the shard
-                self._done(state, sample.offsets)
-            return
+        for stale in state.assembler.supersede(request_id):
+            self._reject(state, stale)
+        first_tokens = self._stored_token_ids(state, request_id)
+        if first_tokens is None:
+            self._append(state, sample)
+        elif first_tokens == sample.manifest.token_ids:
+            self._drop_duplicate(state, sample)
+        else:  # the same id for another prompt: keeping either silently would be wrong
+            self._reject(state, Rejected(
+                "conflicting_duplicate", f"request id {request_id} is already in the dataset with other token ids",
+                sample.offsets, request_id, sample.manifest.model_dump_json().encode()))
+
+    def _append(self, state: _Partition, sample: Sample) -> None:
         if not state.shard.accepts(sample):
             self._close_shard(state)
         state.shard.add(sample)
@@ -247,13 +255,31 @@ class Sink:
         if full and time.monotonic() >= state.retry_at:  # after a storage error, wait out the backoff
             self._close_shard(state)
 
+    def _drop_duplicate(self, state: _Partition, sample: Sample) -> None:
+        request_id = sample.manifest.request_id
+        self.stats.duplicates += 1
+        metrics.DUPLICATES.inc()
+        log.info("duplicate of %s dropped (attempt %s)", request_id, sample.manifest.attempt_id,
+                 extra=record_fields(request_id, state.topic, state.partition, sample.manifest_offset))
+        if request_id in state.seen:
+            state.republish.append((state.seen[request_id], sample.offsets))
+        else:  # its first copy is in the open shard; its event comes with the shard
+            self._done(state, sample.offsets)
+
+    def _stored_token_ids(self, state: _Partition, request_id: str) -> list[int] | None:
+        """The token ids of the copy of ``request_id`` the dataset already holds (in
+        a shard, or in the open one), or None for a new request."""
+        if request_id in state.seen:
+            return stored_token_ids(self.storage, state.seen[request_id])
+        return next((s.manifest.token_ids for s in state.shard.samples if s.manifest.request_id == request_id), None)
+
     def _reject(self, state: _Partition, rejected: Rejected) -> None:
         self.stats.rejected += 1
         metrics.REJECTED.labels(rejected.error_class).inc()
         log.warning("rejected %s at %s/%d: %s: %s", rejected.request_id, state.topic, state.partition,
                     rejected.error_class, rejected.reason,
                     extra=record_fields(rejected.request_id, state.topic, state.partition, rejected.offsets[-1]))
-        headers = DlqHeaders.build(rejected.error_class, rejected.reason, service="sink", source_topic=state.topic,
+        headers = DlqHeaders.build(rejected.error_class, redact(rejected.reason), service="sink", source_topic=state.topic,
                                    source_partition=state.partition, source_offset=rejected.offsets[-1])
         key = (state.topic, state.partition)
         offsets = list(rejected.offsets)

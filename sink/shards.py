@@ -14,9 +14,11 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import orjson
 import torch
+from safetensors import safe_open
 from safetensors.torch import save
 
 from schemas import DType, HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
@@ -66,10 +68,6 @@ class OpenShard:
     @property
     def stem(self) -> str:
         return shard_stem(self.topic, self.partition, self.samples[0].manifest_offset)
-
-    @property
-    def request_ids(self) -> set[str]:
-        return {s.manifest.request_id for s in self.samples}
 
 
 def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[HiddenStatesReady]:
@@ -132,3 +130,15 @@ def remove_orphans(storage: Storage, prefix: str) -> list[str]:
     for path in orphans:
         storage.delete(path)
     return orphans
+
+
+def stored_token_ids(storage: Storage, event: HiddenStatesReady) -> list[int]:
+    """The token ids of a sample already in the dataset."""
+    return _open_shard(str(storage.local_path(event.shard))).get_tensor(event.tensors.token_ids).tolist()
+
+
+@lru_cache(maxsize=4)
+def _open_shard(path: str):  # type: ignore[no-untyped-def]
+    # Only duplicates look samples up, and a replay meets them shard after shard:
+    # keeping the last few open spares re-reading a large header per sample.
+    return safe_open(path, framework="pt")

@@ -103,6 +103,20 @@ def test_blocks_whose_manifest_never_comes_expire() -> None:
     assert assembler.pending_bytes == 0
 
 
+def test_a_completed_attempt_supersedes_the_unfinished_ones() -> None:
+    killed, _ = records("r-1", first_offset=0)  # an extractor died after two blocks
+    retried, hidden = records("r-1", first_offset=10)
+    other, _ = records("r-2", first_offset=20)
+    assembler = Assembler()
+    assert feed(assembler, killed[:2] + other[:1]) == []
+    (sample,) = feed(assembler, retried)
+    assert isinstance(sample, Sample) and sample.hidden_states == hidden.numpy().tobytes()
+    (stale,) = assembler.supersede("r-1")
+    assert stale.error_class == "superseded_attempt" and stale.offsets == [0, 1] and stale.request_id == "r-1"
+    assert assembler.supersede("r-1") == []
+    assert assembler.pending_bytes == len(other[0].value)  # r-2 is untouched
+
+
 def test_wrong_shape_is_rejected() -> None:
     recs, _ = records()
     manifest = orjson.loads(recs[-1].value)

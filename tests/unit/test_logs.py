@@ -7,7 +7,7 @@ import logging
 import orjson
 import pytest
 
-from runtime.logs import configure_logging, record_fields
+from runtime.logs import configure_logging, record_fields, redact, redact_secrets
 
 
 def test_json_lines_carry_record_fields(capsys: pytest.CaptureFixture[str]) -> None:
@@ -24,3 +24,27 @@ def test_json_lines_carry_record_fields(capsys: pytest.CaptureFixture[str]) -> N
 
 def test_missing_fields_are_left_out() -> None:
     assert record_fields(topic="prompts", offset=0) == {"topic": "prompts", "offset": 0}
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_configured_secrets_never_reach_a_log_line(fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
+    secret = "s3cr3t-" + fmt  # registered for the rest of this process: a value no other test uses
+    redact_secrets([secret, ""])
+    configure_logging("INFO", fmt)  # type: ignore[arg-type]
+    try:
+        log = logging.getLogger("hsx.test")
+        log.warning("SASL failed for password %s", secret)
+        try:
+            raise RuntimeError(f"broker said: bad credentials {secret}")
+        except RuntimeError:
+            log.exception("connecting")
+        err = capsys.readouterr().err
+    finally:
+        configure_logging("INFO", "text")
+    assert secret not in err
+    assert err.count("***") >= 2 and "bad credentials ***" in err  # the line and the traceback kept, masked
+
+
+def test_redact_masks_longer_secrets_whole() -> None:
+    redact_secrets(["abc-long-secret", "abc"])
+    assert redact("x abc-long-secret y abc") == "x *** y ***"
