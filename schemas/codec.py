@@ -150,8 +150,10 @@ def decode_block(value: Buffer) -> tuple[BlockHeader, bytes]:
         offset += segment.nbytes
         planes.append(_expand(chunk, segment, plane_size))
     if header.codec is Codec.BYTEPLANE_ZSTD:
-        stacked = np.stack([np.frombuffer(p, dtype=np.uint8) for p in planes])
-        raw = stacked.T.tobytes()
+        # Interleave the planes back: stacking along axis 1 writes each element's
+        # bytes side by side in one pass (``stack(planes).T.tobytes()`` reads with
+        # a plane-sized stride and was 4-10x slower).
+        raw = np.stack([np.frombuffer(p, dtype=np.uint8) for p in planes], axis=1).tobytes()
     else:
         raw = planes[0]
     if checksum(raw) != header.checksum:
