@@ -180,6 +180,8 @@ class Extractor:
     def _readiness(self) -> tuple[bool, str]:
         if not self._engine_ready:
             return False, "loading the model"
+        if not hasattr(self, "_consumer"):  # the probe may come between engine start and subscribe
+            return False, "joining the consumer group"
         if self._stopping.is_set():
             return False, "draining"
         if not self._consumer.assignment():

@@ -5,6 +5,7 @@ rendered by prometheus_client)."""
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -46,7 +47,14 @@ class HealthServer:
             def log_message(self, format: str, *args: object) -> None:  # probes every few seconds: keep logs quiet
                 pass
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request: object, client_address: object) -> None:
+                # A prober that gave up (timeout) before a busy process answered is
+                # routine, not a traceback on stderr.
+                if not isinstance(sys.exception(), ConnectionError):
+                    super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+        self._server = Server((host, port), Handler)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="hsx-health", daemon=True)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from prometheus_client import Counter
 
@@ -35,3 +37,29 @@ def test_port_in_use_is_a_clear_error() -> None:
             HealthServer(first.port, lambda: (True, ""), host="127.0.0.1")
     finally:
         first.stop()
+
+
+def test_a_prober_that_hangs_up_leaves_no_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+    import struct
+    import threading
+
+    answered = threading.Event()
+
+    def slow_check() -> tuple[bool, str]:
+        time.sleep(0.3)  # the prober times out meanwhile
+        answered.set()
+        return True, "ok"
+
+    server = HealthServer(0, slow_check, host="127.0.0.1").start()
+    try:
+        client = socket.create_connection(("127.0.0.1", server.port))
+        client.sendall(b"GET /readyz HTTP/1.0\r\n\r\n")
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        client.close()
+        assert answered.wait(5)
+        time.sleep(0.3)
+        assert get(server.port, "/healthz") == (200, "ok\n")  # still serving
+    finally:
+        server.stop()
+    assert "Traceback" not in capsys.readouterr().err
