@@ -84,7 +84,8 @@ class Assembler:
             headers = BlockRecordHeaders.from_kafka(record.headers)
             request_id = (record.key or b"").decode()
         except (ValidationError, UnicodeDecodeError) as exc:
-            return Rejected("invalid_record", f"unreadable block record headers: {exc}", [record.offset])
+            key = (record.key or b"").decode("utf-8", "replace") or None
+            return Rejected("invalid_record", f"unreadable block record: {exc}", [record.offset], key, record.value)
         key = (request_id, headers.attempt_id)
         if headers.kind is RecordKind.BLOCK:
             assert headers.block_index is not None

@@ -24,6 +24,7 @@ from runtime.kafka import ensure_topics
 from runtime.kafka.drain import drain
 from runtime.settings import KafkaSettings, TopicSettings
 from schemas import DlqHeaders
+from sink.assembler import Record
 from sink.shards import read_indexes
 from sink.storage import LocalStorage
 from tests.http_helpers import get, metric
@@ -53,12 +54,17 @@ def sink_args(kafka: KafkaSettings, topics: TopicSettings, output: Path, group: 
             "--session-timeout-ms", "6000", "--max-shard-samples", "8", "--max-shard-age", "1"]
 
 
-def publish(kafka: KafkaSettings, topic: str, records: Iterable[tuple[bytes | None, bytes | None]]) -> int:
-    """Raw records (key, value) as any client could send them; returns how many."""
+def publish(kafka: KafkaSettings, topic: str, records: Iterable[tuple[bytes | None, bytes | None]]
+            | Iterable[Record]) -> int:
+    """Raw records, (key, value) pairs or assembler Records with headers, as any
+    client could send them; returns how many."""
     producer = Producer({"bootstrap.servers": kafka.bootstrap, "message.max.bytes": 16 << 20})
     count = 0
-    for key, value in records:
-        producer.produce(topic, key=key, value=value)
+    for record in records:
+        if isinstance(record, Record):
+            producer.produce(topic, key=record.key, value=record.value, headers=record.headers)
+        else:
+            producer.produce(topic, key=record[0], value=record[1])
         count += 1
     assert producer.flush(60) == 0
     return count

@@ -145,6 +145,7 @@ def test_unreadable_headers_are_rejected() -> None:
     bad = Record(7, b"r-1", recs[0].value, [("kind", b"mystery")])
     rejected = _rejected([bad])
     assert rejected.error_class == "invalid_record" and rejected.offsets == [7]
+    assert (rejected.request_id, rejected.value) == ("r-1", recs[0].value)  # the DLQ keeps the record whole
 
 
 def test_garbage_manifest_is_rejected() -> None:
