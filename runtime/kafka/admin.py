@@ -17,18 +17,26 @@ log = logging.getLogger(__name__)
 
 
 def ensure_topics(
-    kafka: KafkaSettings, topics: TopicSettings, names: Iterable[str], timeout: float = 30.0
+    kafka: KafkaSettings, topics: TopicSettings, names: Iterable[str], timeout: float = 60.0
 ) -> None:
     """Create each named topic that does not exist yet (with the configured
-    partitions and replication factor) and wait until all are visible."""
+    partitions and replication factor) and wait until all are visible.
+
+    An unreachable broker is retried until ``timeout`` (like the Java clients'
+    ``max.block.ms``), so a service started during a short outage waits instead
+    of failing."""
     admin = AdminClient(client_config(kafka))
     wanted = set(names)
     deadline = time.monotonic() + timeout
     while True:
         try:
-            existing = set(admin.list_topics(timeout=max(1.0, deadline - time.monotonic())).topics)
+            existing = set(admin.list_topics(timeout=max(1.0, min(10.0, deadline - time.monotonic()))).topics)
         except KafkaException as exc:
-            raise KafkaUnavailable(f"cannot list topics at {kafka.bootstrap}: {exc}") from exc
+            if time.monotonic() > deadline:
+                raise KafkaUnavailable(f"cannot list topics at {kafka.bootstrap}: {exc}") from exc
+            log.warning("cannot list topics at %s yet (%s): retrying", kafka.bootstrap, exc)
+            time.sleep(1.0)
+            continue
         missing = wanted - existing
         if not missing:
             return

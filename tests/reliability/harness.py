@@ -23,7 +23,7 @@ from runtime.broker import free_port
 from runtime.kafka import ensure_topics
 from runtime.kafka.drain import drain
 from runtime.settings import KafkaSettings, TopicSettings
-from schemas import DlqHeaders
+from schemas import DlqHeaders, HiddenStatesReady
 from sink.assembler import Record
 from sink.shards import read_indexes
 from sink.storage import LocalStorage
@@ -229,3 +229,20 @@ def record_figures(test: str, figures: dict[str, object]) -> None:
     current[test] = figures
     FIGURES.write_bytes(orjson.dumps(current, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
     print(f"{test}: {orjson.dumps(figures).decode()}")
+
+
+def check_exactly_once(kafka: KafkaSettings, topics: TopicSettings, output: Path, ids: set[str]) -> None:
+    """The end state every fault test demands: each prompt once in the dataset,
+    no valid prompt dead-lettered, only a killed extractor's partial attempts
+    (of prompts that made it anyway) reported by the sink, and every sample
+    announced under one deterministic event id."""
+    counts = index_counts(output)
+    assert set(counts) == ids, f"lost: {sorted(ids - set(counts))[:5]}, unknown: {sorted(set(counts) - ids)[:5]}"
+    assert max(counts.values()) == 1, f"doubled: {[k for k, v in counts.items() if v > 1][:5]}"
+    assert drain(kafka, topics.prompts_dlq, expected=0, timeout=5, settle=3) == []
+    for headers, record in dead_letters(kafka, topics.blocks_dlq, expected=0, timeout=5):
+        assert headers.error_class in {"superseded_attempt", "incomplete_sample"}, headers
+        assert record.key().decode() in ids
+    ready = [HiddenStatesReady.model_validate_json(r.value()) for r in drain(kafka, topics.ready, expected=len(ids))]
+    assert {e.request_id for e in ready} == ids
+    assert len({e.event_id for e in ready}) == len(ids)

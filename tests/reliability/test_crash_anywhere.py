@@ -18,12 +18,10 @@ import pytest
 
 from hsx import models
 from hsx.reference import max_relative_error
-from runtime.kafka.drain import drain
 from runtime.settings import KafkaSettings
-from schemas import HiddenStatesReady
 from sink.reader import open_dataset
 from tests.reliability.harness import (
-    Service, as_records, dead_letters, extract_args, fresh_topics, index_counts, publish, record_figures, sink_args,
+    Service, as_records, check_exactly_once, extract_args, fresh_topics, index_counts, publish, record_figures, sink_args,
     text_prompts, wait_until,
 )
 
@@ -78,7 +76,7 @@ def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], wo
         for service in services:
             if service.exited() is None:
                 service.kill()
-    _check_exactly_once(kafka, topics, output, prompts)
+    check_exactly_once(kafka, topics, output, {str(p['request_id']) for p in prompts})
     return output, landed
 
 
@@ -93,21 +91,6 @@ def _landing(service: Service, output: Path, elapsed: float) -> dict[str, object
         where["samples_written_by_it"] = service.metric("hsx_sink_samples_total")
         where["bytes_buffered"] = service.metric("hsx_sink_buffered_bytes")
     return where
-
-
-def _check_exactly_once(kafka: KafkaSettings, topics, output: Path, prompts: list[dict[str, object]]) -> None:  # type: ignore[no-untyped-def]
-    ids = {str(p["request_id"]) for p in prompts}
-    counts = index_counts(output)
-    assert set(counts) == ids, f"lost: {sorted(ids - set(counts))[:5]}, unknown: {sorted(set(counts) - ids)[:5]}"
-    assert max(counts.values()) == 1, f"doubled: {[k for k, v in counts.items() if v > 1][:5]}"
-    assert drain(kafka, topics.prompts_dlq, expected=0, timeout=5, settle=3) == []
-    # A killed extractor's partial attempts are reported, for requests that made it anyway.
-    for headers, record in dead_letters(kafka, topics.blocks_dlq, expected=0, timeout=5):
-        assert headers.error_class in {"superseded_attempt", "incomplete_sample"}, headers
-        assert record.key().decode() in ids
-    ready = [HiddenStatesReady.model_validate_json(r.value()) for r in drain(kafka, topics.ready, expected=len(ids))]
-    assert {e.request_id for e in ready} == ids  # every sample announced (maybe again, under the same event id)
-    assert len({e.event_id for e in ready}) == len(ids)
 
 
 def test_sigkill_extractor_and_sink_anywhere(kafka: KafkaSettings, tmp_path: Path) -> None:

@@ -1,0 +1,92 @@
+"""Backpressure: a sink far slower than the extractor (it runs 40 ms of every
+half second: SIGSTOP/SIGCONT) keeps its memory within its budget while the
+backlog on Kafka grows; once it may run freely it catches up, nothing lost."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hsx import models
+from runtime.settings import KafkaSettings
+from tests.reliability.harness import (
+    Service, as_records, check_exactly_once, extract_args, fresh_topics, index_counts, publish, record_figures,
+    sink_args, text_prompts, wait_until,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
+
+MODEL = "smollm2-135m-instruct"
+PROMPTS = 160
+BUDGET = 32 << 20  # --max-buffer-bytes; the sink's prefetch is then 16 MiB (its floor)
+PREFETCH = 16 << 20
+SLACK = 64 << 20  # allocator and interpreter noise
+MiB = 1 << 20
+
+
+class Throttle(threading.Thread):
+    """Lets a process run ``run_s`` of every ``period_s``."""
+
+    def __init__(self, service: Service, run_s: float = 0.04, period_s: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.service, self.run_s, self.period_s = service, run_s, period_s
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            self.service.signal(signal.SIGSTOP)
+            self.done.wait(self.period_s - self.run_s)
+            self.service.signal(signal.SIGCONT)
+            time.sleep(self.run_s)
+        self.service.signal(signal.SIGCONT)
+
+
+def test_slow_sink_keeps_memory_bounded_while_lag_grows(kafka: KafkaSettings, tmp_path: Path) -> None:
+    model = models.prepare(names=[MODEL])[MODEL]
+    prompts = [{**p, "prompt": f"{p['prompt']} {p['prompt']}"} for p in text_prompts(PROMPTS, "bp")]
+    topics = fresh_topics(kafka)
+    publish(kafka, topics.prompts, as_records(prompts))
+    output = tmp_path / "dataset"
+    sink = Service("sink", sink_args(kafka, topics, output, "s-bp") + ["--max-buffer-bytes", str(BUDGET)], tmp_path)
+    extractor = Service("extractor", extract_args(kafka, topics, model, "x-bp"), tmp_path)
+    samples: list[tuple[float, int, int, float]] = []  # (t, sink RSS, extractor RSS, prompts acked - stored)
+    with sink, extractor:
+        sink.wait_ready()
+        baseline = sink.rss_bytes()
+        extractor.wait_ready()
+        throttle = Throttle(sink)
+        throttle.start()
+        started = time.monotonic()
+        try:
+            def sample() -> None:
+                acked = extractor.metric("hsx_extractor_prompts_total")
+                samples.append((time.monotonic() - started, sink.rss_bytes(), extractor.rss_bytes(),
+                                acked - len(index_counts(output))))
+
+            wait_until(lambda: extractor.metric("hsx_extractor_prompts_total") >= PROMPTS, 600,
+                       "the extractor to finish", tick=sample)
+        finally:
+            throttle.done.set()
+            throttle.join()
+        wait_until(lambda: len(index_counts(output)) >= PROMPTS, 300, "the sink to catch up", tick=lambda: samples.append(
+            (time.monotonic() - started, sink.rss_bytes(), extractor.rss_bytes(), PROMPTS - len(index_counts(output)))))
+        for service in (extractor, sink):
+            assert service.stop() == 0, service.log_tail()
+
+    check_exactly_once(kafka, topics, output, {str(p["request_id"]) for p in prompts})
+    bytes_per_prompt = sum(p.stat().st_size for p in (output / "shards").iterdir()) / PROMPTS
+    peak_rss = max(s[1] for s in samples)
+    peak_backlog = max(s[3] for s in samples) * bytes_per_prompt
+    growth = peak_rss - baseline
+    record_figures("backpressure", {
+        "prompts": PROMPTS, "sink_budget_mib": BUDGET // MiB, "sink_rss_baseline_mib": round(baseline / MiB),
+        "sink_rss_peak_mib": round(peak_rss / MiB), "peak_backlog_mib": round(peak_backlog / MiB),
+        "extractor_rss_mib_min_max": [round(min(s[2] for s in samples) / MiB), round(max(s[2] for s in samples) / MiB)],
+        "sink_rss_mib_over_time": [[round(t), round(r / MiB)] for t, r, _, _ in samples[:: max(1, len(samples) // 12)]],
+    })
+    assert growth <= BUDGET + PREFETCH + SLACK, f"sink RSS grew by {growth / MiB:.0f} MiB"
+    assert peak_backlog >= 2 * (BUDGET + PREFETCH), "the sink kept up: the test proved nothing"
