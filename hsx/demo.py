@@ -69,14 +69,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"[demo] producer: {published.describe()}", flush=True)
 
         common = ["--bootstrap", bootstrap, "--session-timeout-ms", "6000"]
-        sink = _spawn(["sink", *common, "--output", str(output), "--topic", topics.blocks, "--ready-topic",
-                       topics.ready, "--dlq-topic", topics.blocks_dlq, "--max-shard-age", "20",
-                       "--stats-file", str(output / "logs/sink-stats.json")], output / "logs/sink.log")
+        sink = spawn_hsx(["sink", *common, "--output", str(output), "--topic", topics.blocks, "--ready-topic",
+                          topics.ready, "--dlq-topic", topics.blocks_dlq, "--max-shard-age", "20",
+                          "--stats-file", str(output / "logs/sink-stats.json")], output / "logs/sink.log")
         started = time.monotonic()
-        extractor = _spawn(["extract", *common, "--model", str(model_dir), "--dtype", "float32", "--enforce-eager",
-                            "--max-model-len", "2048", "--topic", topics.prompts, "--blocks-topic", topics.blocks,
-                            "--dlq-topic", topics.prompts_dlq, "--exit-when-idle", "10",
-                            "--stats-file", str(output / "logs/extractor-stats.json")], output / "logs/extractor.log")
+        extractor = spawn_hsx(["extract", *common, "--model", str(model_dir), "--dtype", "float32", "--enforce-eager",
+                               "--max-model-len", "2048", "--topic", topics.prompts, "--blocks-topic", topics.blocks,
+                               "--dlq-topic", topics.prompts_dlq, "--exit-when-idle", "10",
+                               "--stats-file", str(output / "logs/extractor-stats.json")], output / "logs/extractor.log")
         try:
             print("[demo] extractor and sink running (logs in", output / "logs", ")", flush=True)
             if extractor.wait() != 0:
@@ -97,10 +97,12 @@ def run(args: argparse.Namespace) -> int:
     return _report(output, model_dir, published.sent, extracted, sunk, ready, wall)
 
 
-def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def spawn_hsx(args: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
+    """``hsx ARGS`` as a child process (demo, benchmarks), output to ``log``;
+    ``env`` overrides :func:`cpu_engine_env` (e.g. ``VLLM_CPU_OMP_THREADS_BIND``)."""
     with log.open("wb") as handle:
         return subprocess.Popen([sys.executable, "-m", "hsx.cli", *args], stdout=handle, stderr=subprocess.STDOUT,
-                                env=cpu_engine_env())
+                                env={**cpu_engine_env(), **env})
 
 
 def _report(output: Path, model_dir: Path, sent: int, extracted: dict, sunk: dict, ready: int, wall: float) -> int:
