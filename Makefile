@@ -22,7 +22,7 @@ MODELS_STAMP := $(HSX_CACHE_DIR)/models/.prepared
 TOOLS_VENV ?= .venv-tools
 TOOLS_STAMP := $(TOOLS_VENV)/.installed
 
-.PHONY: install models test test-fast demo schemas tools clean
+.PHONY: install models test test-fast demo bench schemas tools clean
 
 install: $(STAMP)
 
@@ -65,6 +65,11 @@ $(TOOLS_STAMP): Makefile tests/k8s/install_kubectl.py
 
 demo: $(MODELS_STAMP)
 	$(BIN)/hsx demo
+
+# Side-by-side benchmarks (about 25 min on 2 cores): writes bench/results.json and
+# docs/benchmarks.md. BENCH_ARGS=--quick for a smoke run.
+bench: $(MODELS_STAMP)
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 schemas: $(STAMP)
 	$(BIN)/python -m schemas.generate

@@ -18,7 +18,7 @@ from hsx.reference import HFReference
 from schemas import Codec, DType
 from schemas.codec import decode_block, encode_block
 
-BLOCK_TOKENS = 256
+BLOCK_BYTES = 1 << 20  # the extractor's default --block-bytes
 
 
 def smollm2_hidden_states() -> torch.Tensor:
@@ -32,14 +32,21 @@ def smollm2_hidden_states() -> torch.Tensor:
     return torch.cat([reference.hidden_states(ids, layers) for ids in demo_token_ids(tokenizer)])
 
 
-def measure(hidden: torch.Tensor, codec: Codec, level: int = 1, repeats: int = 3) -> dict[str, float]:
+def block_tokens(hidden: torch.Tensor) -> int:
+    """Tokens per block record, as the connector cuts them."""
+    return max(1, BLOCK_BYTES // (hidden.shape[1] * hidden.shape[2] * hidden.element_size()))
+
+
+def measure(hidden: torch.Tensor, codec: Codec, level: int = 1, repeats: int = 3,
+            dtype: DType = DType.BFLOAT16) -> dict[str, float]:
     torch.set_num_threads(1)
-    blocks = [hidden[i : i + BLOCK_TOKENS].contiguous() for i in range(0, hidden.shape[0], BLOCK_TOKENS)]
+    per_block = block_tokens(hidden)
+    blocks = [hidden[i : i + per_block].contiguous() for i in range(0, hidden.shape[0], per_block)]
     raw = [b.view(torch.uint8).numpy() for b in blocks]
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        encoded = [encode_block(r, shape=tuple(b.shape), dtype=DType.BFLOAT16, token_start=0, codec=codec, level=level)
+        encoded = [encode_block(r, shape=tuple(b.shape), dtype=dtype, token_start=0, codec=codec, level=level)
                    for r, b in zip(raw, blocks)]
         best = min(best, time.perf_counter() - start)
     start = time.perf_counter()
@@ -54,12 +61,24 @@ def measure(hidden: torch.Tensor, codec: Codec, level: int = 1, repeats: int = 3
     }
 
 
-def main() -> None:
-    hidden = smollm2_hidden_states().to(torch.bfloat16)
-    results = {"tokens": hidden.shape[0], "shape": list(hidden.shape)}
+def results(hidden_f32: torch.Tensor | None = None) -> dict[str, object]:
+    """Flat figures: every codec on bf16, the default codec also on float32."""
+    hidden_f32 = smollm2_hidden_states() if hidden_f32 is None else hidden_f32
+    hidden = hidden_f32.to(torch.bfloat16)
+    out: dict[str, object] = {"codec_tokens": hidden.shape[0], "codec_shape": list(hidden.shape),
+                              "codec_block_tokens": block_tokens(hidden)}
     for codec, level in ((Codec.BYTEPLANE_ZSTD, 1), (Codec.BYTEPLANE_ZSTD, 3), (Codec.ZSTD, 1), (Codec.ZSTD, 3), (Codec.NONE, 0)):
-        results[f"{codec.value}-{level}"] = measure(hidden, codec, level)
-    print(json.dumps(results, indent=2))
+        for key, value in measure(hidden, codec, level).items():
+            out[f"codec_bf16_{codec.value}-{level}_{key}"] = round(value, 3 if key == "ratio" else 1)
+    for key, value in measure(hidden_f32, Codec.BYTEPLANE_ZSTD, 1, dtype=DType.FLOAT32).items():
+        out[f"codec_f32_byteplane-zstd-1_{key}"] = round(value, 3 if key == "ratio" else 1)
+    out["codec_ratio_bf16"] = out["codec_bf16_byteplane-zstd-1_ratio"]
+    out["codec_mb_s_per_core"] = out["codec_bf16_byteplane-zstd-1_encode_mb_s"]
+    return out
+
+
+def main() -> None:
+    print(json.dumps(results(), indent=2))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,17 @@
-"""Extraction overhead, side by side in one run: the same prompts through the same
-model on (a) a plain vLLM engine that only prefills and (b) the hsx engine
-(extract_hidden_states + HsxConnector, codec on, records acknowledged by Kafka).
-Rounds alternate between the two so that machine noise hits both alike.
+"""Engines side by side in one process, rounds interleaved (the order rotates every
+round so that machine noise and warm caches hit every side alike):
 
-    python -m bench.extraction [--model smollm2-135m-instruct] [--rounds 3] [--repeat 4]
+* ``plain``: vLLM prefill only, no extraction, async scheduling off (as in the
+  two extraction engines: vLLM turns it off for ``extract_hidden_states``);
+* ``plain_async``: the same with vLLM's default (async scheduling on);
+* ``hsx``: extract_hidden_states + HsxConnector, codec on, Kafka acks awaited;
+* ``files``: extract_hidden_states + vLLM's stock one-safetensors-file-per-request
+  connector (``bench.files_connector``), files written awaited;
+* ``hf``: HF transformers ``output_hidden_states=True``, one prompt per forward.
+
+Then prefill latency vs prompt length (one prompt alone) on ``plain`` and ``hsx``.
+
+    python -m bench.extraction [--quick] [--out F]
 """
 
 from __future__ import annotations
@@ -12,13 +20,15 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from bench.prompts import demo_token_ids
+from bench.files_connector import wait_written
+from bench.prompts import prompt_of_length, workload
 from extractor.completion import CompletionReceiver
 from extractor.engine import Engine, EngineOptions, default_layer_ids, engine_args, text_config
 from hsx import models
@@ -28,14 +38,19 @@ from runtime.settings import KafkaSettings, TopicSettings
 from schemas import SourceRef
 from schemas.connector import ConnectorConfig, RequestParams
 
+MODEL = "smollm2-135m-instruct"
 # Identical prompts would be served from the prefix cache on the second round.
 NO_PREFIX_CACHE = {"enable_prefix_caching": False}
+LONG = [256, 384, 512, 768, 1024, 1536]
+LENGTHS = [256, 512, 1024, 2048, 4096]
 
 
-def unique_prompts(tokenizer, repeat: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
-    """The demo mix ``repeat`` times, each copy made distinct by its first token."""
-    prompts = demo_token_ids(tokenizer)
-    return [[100 + copy] + ids for copy in range(repeat) for ids in prompts]
+def omp_threads() -> int:
+    """OpenMP threads of a vLLM CPU worker: the cores VLLM_CPU_OMP_THREADS_BIND names."""
+    from vllm.utils.cpu_resource_utils import parse_id_list
+
+    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
+    return len(parse_id_list(bind)) if bind and bind not in ("auto", "nobind") else 0
 
 
 async def run_plain(llm, prompts: list[list[int]]) -> float:  # type: ignore[no-untyped-def]
@@ -66,18 +81,57 @@ async def run_hsx(engine: Engine, completions: CompletionReceiver, prompts: list
     return time.perf_counter() - start, sum(s[0] for s in sizes), sum(s[1] for s in sizes)
 
 
+async def run_files(llm, prompts: list[list[int]]) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    """Until every request's file is written (its lock released), as vLLM's reader waits."""
+    from vllm import SamplingParams, TokensPrompt
+
+    async def one(ids: list[int]) -> str:
+        last = None
+        async for out in llm.generate(TokensPrompt(prompt_token_ids=ids), SamplingParams(max_tokens=1),
+                                      request_id=uuid.uuid4().hex):
+            last = out
+        path = last.kv_transfer_params["hidden_states_path"]
+        await asyncio.to_thread(wait_written, path)
+        return path
+
+    start = time.perf_counter()
+    paths = await asyncio.gather(*(one(ids) for ids in prompts))
+    seconds = time.perf_counter() - start
+    stored = sum(os.path.getsize(p) for p in paths)
+    for p in paths:
+        os.remove(p)
+        os.remove(p + ".lock")
+    return seconds, stored
+
+
+def run_hf(reference, prompts: list[list[int]], layers: list[int]) -> float:  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    for ids in prompts:
+        reference.hidden_states(ids, layers).contiguous()
+    return time.perf_counter() - start
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
+    import torch
     from transformers import AutoTokenizer
+    from vllm.config import KVTransferConfig
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    path = models.prepare(names=[args.model])[args.model]
+    from hsx.reference import HFReference
+
+    path = models.prepare(names=[MODEL])[MODEL]
     tokenizer = AutoTokenizer.from_pretrained(path)
     layers = default_layer_ids(text_config(str(path)).num_hidden_layers)
-    prompts = unique_prompts(tokenizer, args.repeat)
+    prompts = workload(tokenizer, LONG[:1] if args.quick else LONG)
+    lengths = LENGTHS[:2] if args.quick else LENGTHS
+    rounds = 1 if args.quick else args.rounds
     tokens = sum(len(p) for p in prompts)
-    options = EngineOptions(model=str(path), layer_ids=layers, dtype="float32", max_model_len=2048,
+    options = EngineOptions(model=str(path), layer_ids=layers, dtype="float32", max_model_len=max(LENGTHS) + 512,
                             enforce_eager=True, engine_args=NO_PREFIX_CACHE)
+    threads = omp_threads() or os.cpu_count() or 1
+    torch.set_num_threads(threads)  # HF gets as many threads as a vLLM worker
 
+    results: dict[str, object] = {}
     with dev_bootstrap() as bootstrap, tempfile.TemporaryDirectory() as tmp:
         kafka = KafkaSettings(bootstrap=bootstrap)
         topic = f"bench.blocks-{uuid.uuid4().hex[:6]}"
@@ -85,46 +139,106 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
         os.environ["HSX_KAFKA_BOOTSTRAP"] = bootstrap  # the connector reads it in vLLM's processes
         completions = CompletionReceiver(Path(tmp))
         completions.start()
-        connector = ConnectorConfig(completion_address=completions.address, blocks_topic=topic, model=args.model)
+        connector = ConnectorConfig(completion_address=completions.address, blocks_topic=topic, model=MODEL)
+        storage = Path(tmp) / "files"
+
+        def plain_args(async_scheduling: bool):  # type: ignore[no-untyped-def]
+            a = engine_args(options, connector)
+            a.speculative_config = None
+            a.kv_transfer_config = None
+            a.async_scheduling = async_scheduling
+            return a
+
+        files_args = engine_args(options, connector)
+        files_args.kv_transfer_config = KVTransferConfig(
+            kv_connector="CpuHiddenStatesFileConnector", kv_connector_module_path="bench.files_connector",
+            kv_role="kv_producer", kv_connector_extra_config={"shared_storage_path": str(storage)})
+
         hsx = Engine(options, connector)
-        plain_args = engine_args(options, connector)
-        plain_args.speculative_config = None
-        plain_args.kv_transfer_config = None
-        plain = AsyncLLM.from_engine_args(plain_args)
+        plain = AsyncLLM.from_engine_args(plain_args(False))
+        files = AsyncLLM.from_engine_args(files_args)
+        plain_async = None if args.quick else AsyncLLM.from_engine_args(plain_args(True))
+        reference = HFReference(path)
+        raw = compressed = stored = 0
+
+        async def side(name: str, batch: list[list[int]]) -> float:
+            nonlocal raw, compressed, stored
+            if name == "plain":
+                return await run_plain(plain, batch)
+            if name == "plain_async":
+                return await run_plain(plain_async, batch)
+            if name == "hsx":
+                seconds, raw, compressed = await run_hsx(hsx, completions, batch)
+                return seconds
+            if name == "files":
+                seconds, stored = await run_files(files, batch)
+                return seconds
+            return run_hf(reference, batch, layers)
+
+        sides = ["plain", "hsx", "files", "hf"] + ([] if plain_async is None else ["plain_async"])
+        seconds: dict[str, list[float]] = {s: [] for s in sides}
         try:
-            await run_plain(plain, prompts[:8])  # warm-up both
-            await run_hsx(hsx, completions, prompts[:8])
-            plain_s, hsx_s = [], []
-            raw = compressed = 0
-            for _ in range(args.rounds):
-                plain_s.append(await run_plain(plain, prompts))
-                seconds, raw, compressed = await run_hsx(hsx, completions, prompts)
-                hsx_s.append(seconds)
+            for name in sides:  # warm-up
+                await side(name, prompts[:8])
+            for r in range(rounds):
+                order = sides[r % len(sides):] + sides[: r % len(sides)]
+                for name in order:
+                    seconds[name].append(await side(name, prompts))
+                    print(f"[bench.extraction] round {r} {name}: {tokens / seconds[name][-1]:.0f} tokens/s", flush=True)
+            # Cost vs prompt length, one prompt alone (best of two).
+            scaling: dict[int, dict[str, float]] = {}
+            for n in lengths:
+                prompt = [prompt_of_length(tokenizer, n, salt=7)]
+                scaling[n] = {
+                    "plain": min([await run_plain(plain, prompt) for _ in range(2)]),
+                    "hsx": min([(await run_hsx(hsx, completions, prompt))[0] for _ in range(2)]),
+                }
+                print(f"[bench.extraction] {n} tokens: {scaling[n]}", flush=True)
         finally:
-            plain.shutdown()
-            hsx.shutdown()
+            for engine in (plain, files, plain_async, hsx):
+                if engine is not None:
+                    engine.shutdown()
             await completions.close()
-    ratios = [p / h for p, h in zip(plain_s, hsx_s)]
-    return {
-        "model": args.model,
-        "prompts": len(prompts),
-        "tokens": tokens,
+            shutil.rmtree(storage, ignore_errors=True)
+
+    def ratio(a: str, b: str) -> float:
+        """median over rounds of (tokens/s of a) / (tokens/s of b)"""
+        return round(statistics.median(sb / sa for sa, sb in zip(seconds[a], seconds[b])), 3)
+
+    tps = {s: [round(tokens / x, 1) for x in seconds[s]] for s in sides}
+    results.update({
+        "model": MODEL,
+        "dtype": "float32",
         "layers": layers,
-        "rounds": args.rounds,
-        "plain_tokens_per_s": [round(tokens / s, 1) for s in plain_s],
-        "hsx_tokens_per_s": [round(tokens / s, 1) for s in hsx_s],
-        "extraction_overhead_ratio_median": round(statistics.median(ratios), 3),
+        "workload_prompts": len(prompts),
+        "workload_tokens": tokens,
+        "rounds": rounds,
+        "vllm_omp_threads": threads,
+        "hf_torch_threads": torch.get_num_threads(),
+        "extraction_overhead_ratio": ratio("hsx", "plain"),
+        "vs_hf_ratio": ratio("hsx", "hf"),
+        "vs_stock_files_ratio": ratio("hsx", "files"),
+        "stock_files_overhead_ratio": ratio("files", "plain"),
+        "hsx_kafka_bytes": compressed,
         "hsx_raw_bytes": raw,
-        "hsx_compressed_bytes": compressed,
-        "note": "float32, enforce_eager, prefix caching off in both engines, Kafka acks awaited for hsx",
-    }
+        "stock_files_bytes": stored,
+    })
+    if plain_async is not None:
+        results["plain_async_vs_plain_ratio"] = ratio("plain_async", "plain")
+        results["extraction_overhead_ratio_vs_async_default"] = ratio("hsx", "plain_async")
+    for s in sides:
+        results[f"{s}_tokens_per_s"] = round(statistics.median(tps[s]), 1)
+        results[f"{s}_tokens_per_s_rounds"] = tps[s]
+    for n, t in scaling.items():
+        results[f"length_{n}_prefill_s"] = round(t["plain"], 3)
+        results[f"length_{n}_hsx_s"] = round(t["hsx"], 3)
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m-instruct", choices=models.MODEL_NAMES)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, one round (a smoke check)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repeat", type=int, default=4, help="copies of the 64 demo prompts per round")
     parser.add_argument("--out", type=Path, help="also write the results here as JSON (vLLM logs to stdout)")
     args = parser.parse_args()
     results = json.dumps(asyncio.run(main_async(args)), indent=2)
