@@ -69,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     service.add_argument("--max-inflight", type=int, default=64, help="prompts in flight (default 64)")
     service.add_argument("--max-attempts", type=int, default=3, help="attempts before dead-lettering")
     service.add_argument("--exit-when-idle", type=float, metavar="SECS", help="stop after SECS with nothing to do")
+    service.add_argument("--stall-timeout", type=float, default=600.0, metavar="SECS",
+                         help="exit 1 when no prompt finished for SECS with prompts in flight (default 600)")
     service.add_argument("--health-port", type=int,
                          help="serve /healthz, /readyz, /metrics on this port (off if unset)")
     service.add_argument("--stats-file", type=Path, help="write the final statistics here as JSON")
@@ -116,6 +118,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[EngineOptions, Connecto
         max_attempts=args.max_attempts,
         session_timeout_ms=args.session_timeout_ms,
         exit_when_idle=args.exit_when_idle,
+        stall_timeout=args.stall_timeout,
         health_port=args.health_port,
     )
     return engine, connector, service

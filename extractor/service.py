@@ -51,6 +51,10 @@ class ExtractorOptions:
     """Stop after this many seconds with nothing to do (batch runs)."""
     drain_timeout: float = 300.0
     """On SIGTERM, how long in-flight prompts may take to finish."""
+    stall_timeout: float = 600.0
+    """With prompts in flight and none finished for this long, the engine is taken
+    to be stuck: the service stops (exit 1) so its orchestrator restarts it;
+    nothing unfinished was committed, so the restart reprocesses it."""
     health_port: int | None = None
     """Serve /healthz, /readyz and /metrics here (0: any free port; None: off)."""
 
@@ -126,6 +130,7 @@ class Extractor:
         self._stopping = asyncio.Event()
         self._fatal: BaseException | None = None
         self._last_activity = time.monotonic()
+        self._last_progress = time.monotonic()
         self._paused = False
         self._engine_ready = False
         self.health: HealthServer | None = None
@@ -199,6 +204,10 @@ class Extractor:
             if self._engine.dead:
                 self._fail(FatalError("the vLLM engine died (see its log above)"))
                 break
+            if self._tasks and time.monotonic() - self._last_progress > self.options.stall_timeout:
+                self._fail(FatalError(f"no prompt finished for {self.options.stall_timeout:.0f}s with "
+                                      f"{len(self._tasks)} in flight: the engine looks stuck"))
+                break
             self._dlq.poll(0)
             self._apply_backpressure()
             room = max(1, self.options.max_inflight - len(self._tasks))
@@ -218,7 +227,7 @@ class Extractor:
 
     async def _drain(self) -> None:
         self._consumer.pause(self._consumer.assignment())
-        if self._tasks:
+        if self._tasks and self._fatal is None:  # after a fatal error they would never finish
             await asyncio.wait(list(self._tasks), timeout=self.options.drain_timeout)
         self._dlq.flush(30)
         self._commit()
@@ -278,13 +287,15 @@ class Extractor:
         if self.stats.first_prompt_at is None:
             self.stats.first_prompt_at = self._last_activity
         self._marks.track((message.topic(), message.partition()), message.offset())
+        if not self._tasks:  # the stall clock runs only while there is work
+            self._last_progress = self._last_activity
         task = asyncio.get_running_loop().create_task(self._process(message))
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        self._last_activity = time.monotonic()
+        self._last_activity = self._last_progress = time.monotonic()
         if not task.cancelled() and task.exception() is not None:
             self._fail(task.exception())  # type: ignore[arg-type]
 

@@ -19,3 +19,10 @@ def metric(port: int, name: str) -> float:
     status, body = get(port, "/metrics")
     assert status == 200
     return float(next(line for line in body.splitlines() if line.startswith(name + " ")).split()[1])
+
+
+def metric_sum(port: int, name: str) -> float:
+    """The sum of a labelled series (e.g. lag over all partitions) on ``/metrics``."""
+    status, body = get(port, "/metrics")
+    assert status == 200
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(name + "{"))

@@ -27,7 +27,7 @@ from schemas import DlqHeaders, HiddenStatesReady
 from sink.assembler import Record
 from sink.shards import read_indexes
 from sink.storage import LocalStorage
-from tests.http_helpers import get, metric
+from tests.http_helpers import get, metric, metric_sum
 
 FIGURES = Path(__file__).resolve().parents[2] / "out" / "reliability.json"
 
@@ -127,9 +127,11 @@ class Service:
                 raise AssertionError(f"{self.name} not ready after {timeout}s:\n{self.log_tail()}")
             time.sleep(0.2)
 
-    def metric(self, name: str) -> float:
+    def metric(self, name: str, labelled: bool = False) -> float:
+        """An unlabelled series, or the sum of a labelled one; NaN when the
+        process does not answer."""
         try:
-            return metric(self.port, name)
+            return (metric_sum if labelled else metric)(self.port, name)
         except (OSError, StopIteration):
             return float("nan")
 
@@ -163,6 +165,16 @@ class Service:
                 continue
             total += next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
         return total
+
+    def child(self, name: str) -> int:
+        """The pid of the group's process named ``name`` (e.g. ``VLLM::Worker``)."""
+        for pid in _group_pids(self.pid):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == name[:15]:  # comm is cut at 15 chars
+                    return pid
+            except OSError:
+                continue
+        raise AssertionError(f"no process {name} under {self.name}")
 
     def log_tail(self, chars: int = 3000) -> str:
         path = self.log_dir / f"{self.name}-{self.incarnations}.log"

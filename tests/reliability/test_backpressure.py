@@ -54,6 +54,7 @@ def test_slow_sink_keeps_memory_bounded_while_lag_grows(kafka: KafkaSettings, tm
     sink = Service("sink", sink_args(kafka, topics, output, "s-bp") + ["--max-buffer-bytes", str(BUDGET)], tmp_path)
     extractor = Service("extractor", extract_args(kafka, topics, model, "x-bp"), tmp_path)
     samples: list[tuple[float, int, int, float]] = []  # (t, sink RSS, extractor RSS, prompts acked - stored)
+    lag: list[float] = []  # the extractor's consumer-lag gauge
     with sink, extractor:
         sink.wait_ready()
         baseline = sink.rss_bytes()
@@ -64,6 +65,7 @@ def test_slow_sink_keeps_memory_bounded_while_lag_grows(kafka: KafkaSettings, tm
         try:
             def sample() -> None:
                 acked = extractor.metric("hsx_extractor_prompts_total")
+                lag.append(extractor.metric("hsx_extractor_consumer_lag", labelled=True))
                 samples.append((time.monotonic() - started, sink.rss_bytes(), extractor.rss_bytes(),
                                 acked - len(index_counts(output))))
 
@@ -74,6 +76,8 @@ def test_slow_sink_keeps_memory_bounded_while_lag_grows(kafka: KafkaSettings, tm
             throttle.join()
         wait_until(lambda: len(index_counts(output)) >= PROMPTS, 300, "the sink to catch up", tick=lambda: samples.append(
             (time.monotonic() - started, sink.rss_bytes(), extractor.rss_bytes(), PROMPTS - len(index_counts(output)))))
+        time.sleep(2)  # the gauge is refreshed with each commit (every second)
+        final_lag = extractor.metric("hsx_extractor_consumer_lag", labelled=True)
         for service in (extractor, sink):
             assert service.stop() == 0, service.log_tail()
 
@@ -83,10 +87,13 @@ def test_slow_sink_keeps_memory_bounded_while_lag_grows(kafka: KafkaSettings, tm
     peak_backlog = max(s[3] for s in samples) * bytes_per_prompt
     growth = peak_rss - baseline
     record_figures("backpressure", {
-        "prompts": PROMPTS, "sink_budget_mib": BUDGET // MiB, "sink_rss_baseline_mib": round(baseline / MiB),
+        "prompts": PROMPTS, "extractor_lag_gauge_peak": max((x for x in lag if x == x), default=0.0),
+        "sink_budget_mib": BUDGET // MiB, "sink_rss_baseline_mib": round(baseline / MiB),
         "sink_rss_peak_mib": round(peak_rss / MiB), "peak_backlog_mib": round(peak_backlog / MiB),
         "extractor_rss_mib_min_max": [round(min(s[2] for s in samples) / MiB), round(max(s[2] for s in samples) / MiB)],
         "sink_rss_mib_over_time": [[round(t), round(r / MiB)] for t, r, _, _ in samples[:: max(1, len(samples) // 12)]],
     })
+    peak_lag = max((x for x in lag if x == x), default=0.0)  # NaN: the probe went unanswered
+    assert peak_lag > 0 and final_lag == 0, (lag, final_lag)  # the lag gauge moves, and reaches 0
     assert growth <= BUDGET + PREFETCH + SLACK, f"sink RSS grew by {growth / MiB:.0f} MiB"
     assert peak_backlog >= 2 * (BUDGET + PREFETCH), "the sink kept up: the test proved nothing"

@@ -58,7 +58,8 @@ def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], wo
             now = time.monotonic()
             if service.name not in kill_at:
                 kill_at[service.name] = now + rng.uniform(0.5, 4.0)
-            elif now >= kill_at.pop(service.name):
+            elif now >= kill_at[service.name]:
+                del kill_at[service.name]
                 landed.append(_landing(service, output, time.monotonic() - started))
                 service.kill()
                 left[service.name] -= 1
