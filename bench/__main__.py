@@ -65,13 +65,14 @@ class LoadMonitor(threading.Thread):
             ours = self._ours()
             self.samples.append((total, max(0.0, total - ours)))
 
-    def summary(self) -> dict[str, float]:
-        if not self.samples:
+    def summary(self, first: int = 0) -> dict[str, float]:
+        samples = self.samples[first:]
+        if not samples:
             return {}
         return {
-            "machine_busy_cores_mean": round(sum(s[0] for s in self.samples) / len(self.samples), 2),
-            "machine_other_busy_cores_mean": round(sum(s[1] for s in self.samples) / len(self.samples), 2),
-            "machine_other_busy_cores_max": round(max(s[1] for s in self.samples), 2),
+            "machine_busy_cores_mean": round(sum(s[0] for s in samples) / len(samples), 2),
+            "machine_other_busy_cores_mean": round(sum(s[1] for s in samples) / len(samples), 2),
+            "machine_other_busy_cores_max": round(max(s[1] for s in samples), 2),
         }
 
 
@@ -112,7 +113,11 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=SECTIONS)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    parser.add_argument("--render", action="store_true", help="only regenerate the page from the results file")
     args = parser.parse_args()
+    if args.render:
+        args.doc.write_text(report.render(json.loads(args.out.read_text())))
+        return
 
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
@@ -140,8 +145,11 @@ def main() -> None:
             cmd = [sys.executable, "-m", f"bench.{section}", "--out", str(out), *(["--quick"] if args.quick else [])]
             print(f"[bench] {section} ...", flush=True)
             t0 = time.monotonic()
+            first = len(monitor.samples)
             code = subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
             results[f"section_{section}_s"] = round(time.monotonic() - t0, 1)
+            for key, value in monitor.summary(first).items():
+                results[f"section_{section}_{key}"] = value
             if code != 0 or not out.exists():  # keep the other sections' figures; the page shows dashes
                 print(f"[bench] {section} FAILED with exit code {code}", flush=True)
                 results[f"section_{section}_failed"] = True
@@ -152,7 +160,11 @@ def main() -> None:
     results["machine_loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     results.update(monitor.summary())
     if args.out.exists() and set(args.only) != set(SECTIONS):  # a partial run keeps the other sections' figures
-        results = {**json.loads(args.out.read_text()), **results}
+        earlier = {k: v for k, v in json.loads(args.out.read_text()).items()
+                   if not any(k.startswith(f"section_{s}_") for s in args.only)}
+        results = {**earlier, **results}
+        results["partial_runs"] = [*earlier.get("partial_runs", []), "+".join(args.only)]
+        results["total_s"] = round(sum(results.get(f"section_{s}_s", 0) for s in SECTIONS), 1)
     results.update(report.targets(results))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
