@@ -127,11 +127,14 @@ class Sink:
                 "transaction.timeout.ms": 300_000,
             })
             self._ready.init_transactions(30)
+        # librdkafka prefetches up to 64 MiB (plus one fetch response) by default,
+        # outside the budget the sink pauses on: hold both to a quarter of that
+        # budget each (at least one record).
+        prefetch = max(MAX_MESSAGE_BYTES, self.options.max_buffer_bytes // 4)
         self._consumer = Consumer(consumer_config(self.kafka, self.options.group_id, **{
             "session.timeout.ms": self.options.session_timeout_ms,
-            # librdkafka prefetches up to 64 MiB by default, outside the budget the
-            # sink pauses on: keep it to a quarter of that budget (at least one record).
-            "queued.max.messages.kbytes": max(MAX_MESSAGE_BYTES, self.options.max_buffer_bytes // 4) // 1024,
+            "queued.max.messages.kbytes": prefetch // 1024,
+            "fetch.max.bytes": prefetch,
         }))
         self._consumer.subscribe([self.topics.blocks], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                  on_lost=self._on_lost)

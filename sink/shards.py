@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 
 import orjson
 import torch
-from safetensors import safe_open
-from safetensors.torch import save
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from schemas import DType, HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
 from schemas.codec import checksum
@@ -81,7 +83,7 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
         rid = m.request_id
         names = TensorNames(hidden_states=f"{rid}/hidden_states", token_ids=f"{rid}/token_ids",
                             loss_mask=f"{rid}/loss_mask" if m.loss_mask_spans is not None else None)
-        tensors[names.hidden_states] = torch.frombuffer(bytearray(sample.hidden_states), dtype=TORCH_DTYPES[m.dtype]).view(
+        tensors[names.hidden_states] = _read_only_view(sample.hidden_states, TORCH_DTYPES[m.dtype]).view(
             m.num_tokens, len(m.layer_ids), m.hidden_size)
         tensors[names.token_ids] = torch.tensor(m.token_ids, dtype=torch.int64)
         if names.loss_mask is not None:
@@ -102,11 +104,26 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
         "hidden_size": str(first.hidden_size),
         "request_ids": orjson.dumps([s.manifest.request_id for s in shard.samples]).decode(),
     }
-    storage.write_atomic(shard_path, save(tensors, metadata))
+    storage.write_atomic_with(shard_path, lambda tmp: _save(tensors, metadata, tmp))
     index = ShardIndex(shard=shard_path, topic=shard.topic, partition=shard.partition,
                        first_offset=shard.samples[0].manifest_offset, events=events)
     storage.write_atomic(f"{INDEX}/{stem}.json", index.model_dump_json().encode())
     return events
+
+
+def _save(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: Path) -> None:
+    try:
+        save_file(tensors, path, metadata)
+    except SafetensorError as exc:  # safetensors wraps I/O errors (full disk, ...): callers retry OSErrors
+        raise OSError(f"cannot write {path.name}: {exc}") from exc
+
+
+def _read_only_view(data: bytes, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor over ``data`` without copying it. torch warns that the buffer is
+    not writable; the view is only read (serialized), so that is fine."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(data, dtype=dtype)
 
 
 def read_indexes(storage: Storage, prefix: str = "") -> list[ShardIndex]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
@@ -14,6 +15,10 @@ from typing import Protocol
 class Storage(Protocol):
     def write_atomic(self, relative: str, data: bytes) -> None:
         """Make ``data`` durable at ``relative``, replacing any previous content."""
+
+    def write_atomic_with(self, relative: str, write: Callable[[Path], None]) -> None:
+        """Like :meth:`write_atomic`, for content that ``write`` puts into the
+        (temporary) local file it is given: large files never sit whole in memory."""
 
     def read(self, relative: str) -> bytes: ...
 
@@ -47,19 +52,22 @@ class LocalStorage:
         return path
 
     def write_atomic(self, relative: str, data: bytes) -> None:
+        self.write_atomic_with(relative, lambda tmp: tmp.write_bytes(data))
+
+    def write_atomic_with(self, relative: str, write: Callable[[Path], None]) -> None:
         path = self.local_path(relative)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        tmp = Path(name)
         try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
+            write(tmp)
+            _fsync(tmp)
             os.replace(tmp, path)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
-        _fsync_dir(path.parent)
+        _fsync(path.parent)
 
     def read(self, relative: str) -> bytes:
         return self.local_path(relative).read_bytes()
@@ -74,7 +82,8 @@ class LocalStorage:
         self.local_path(relative).unlink(missing_ok=True)
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """Flush a file or a folder (its entries) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -53,7 +53,9 @@ def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], wo
     def chaos() -> None:
         for service in services:
             assert service.exited() is None, f"{service.name} exited by itself:\n{service.log_tail()}"
-            if not left[service.name] or not service.ready():
+            # The sink's kills wait until samples flow, so that they land among shard writes.
+            waiting = service.name == "sink" and not index_counts(output)
+            if not left[service.name] or waiting or not service.ready():
                 continue
             now = time.monotonic()
             if service.name not in kill_at:
