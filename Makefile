@@ -22,7 +22,7 @@ MODELS_STAMP := $(HSX_CACHE_DIR)/models/.prepared
 TOOLS_VENV ?= .venv-tools
 TOOLS_STAMP := $(TOOLS_VENV)/.installed
 
-.PHONY: install models test test-fast demo bench schemas tools clean
+.PHONY: install models test test-fast soak demo bench schemas tools clean
 
 install: $(STAMP)
 
@@ -52,6 +52,11 @@ test: $(MODELS_STAMP) $(TOOLS_STAMP)
 
 test-fast: $(STAMP) $(TOOLS_STAMP)
 	$(BIN)/python -m pytest -m "not engine"
+
+# The fault tests of tests/reliability at soak scale (make test runs them with 240
+# prompts and 3 kills of each service); figures land in out/reliability.json.
+soak: $(MODELS_STAMP)
+	HSX_RELIABILITY_PROMPTS=2000 HSX_RELIABILITY_KILLS=10 $(BIN)/python -m pytest tests/reliability
 
 tools: $(TOOLS_STAMP)
 
