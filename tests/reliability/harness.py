@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
+import psutil
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from hsx.demo import cpu_engine_env
@@ -155,24 +156,30 @@ class Service:
             self.kill()
             raise AssertionError(f"{self.name} did not drain within {timeout}s:\n{self.log_tail()}") from None
 
+    def _tree(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
     def rss_bytes(self) -> int:
-        """Resident memory of the process group (vLLM's engine runs in children)."""
+        """Resident memory of the process tree (vLLM's engine runs in children)."""
         total = 0
-        for pid in _group_pids(self.pid):
+        for proc in self._tree():
             try:
-                status = Path(f"/proc/{pid}/status").read_text()
-            except OSError:
+                total += proc.memory_info().rss
+            except psutil.NoSuchProcess:
                 continue
-            total += next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
         return total
 
     def child(self, name: str) -> int:
-        """The pid of the group's process named ``name`` (e.g. ``VLLM::Worker``)."""
-        for pid in _group_pids(self.pid):
+        """The pid of the tree's process named ``name`` (e.g. ``VLLM::Worker``)."""
+        for proc in self._tree():
             try:
-                if Path(f"/proc/{pid}/comm").read_text().strip() == name[:15]:  # comm is cut at 15 chars
-                    return pid
-            except OSError:
+                if proc.name() == name[:15]:  # the kernel keeps 15 characters of it
+                    return proc.pid
+            except psutil.NoSuchProcess:
                 continue
         raise AssertionError(f"no process {name} under {self.name}")
 
@@ -189,18 +196,6 @@ class Service:
     def __exit__(self, *_: object) -> None:
         if self.exited() is None:
             self.kill()
-
-
-def _group_pids(pgid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getpgid(int(entry.name)) == pgid:
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
 
 
 def index_counts(output: Path) -> Counter[str]:
