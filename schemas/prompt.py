@@ -12,7 +12,6 @@ from typing import Any, Literal
 
 import orjson
 from pydantic import (
-    Field,
     JsonValue,
     ValidationError,
     ValidationInfo,
