@@ -43,7 +43,7 @@ endif
 
 models: $(MODELS_STAMP)
 
-$(MODELS_STAMP): $(STAMP) hsx/models.py
+$(MODELS_STAMP): $(STAMP) $(wildcard hsx/models/*.py hsx/models/*.jsonl)
 	$(BIN)/hsx models prepare
 	@touch $@
 
