@@ -15,7 +15,8 @@ from bench.prompts import demo_token_ids
 from extractor.engine import default_layer_ids
 from hsx import models
 from hsx.reference import HFReference
-from schemas import Codec, DType
+from runtime.tensors import WIRE_DTYPES
+from schemas import Codec
 from schemas.codec import decode_block, encode_block
 
 BLOCK_BYTES = 1 << 20  # the extractor's default --block-bytes
@@ -37,9 +38,11 @@ def block_tokens(hidden: torch.Tensor) -> int:
     return max(1, BLOCK_BYTES // (hidden.shape[1] * hidden.shape[2] * hidden.element_size()))
 
 
-def measure(hidden: torch.Tensor, codec: Codec, level: int = 1, repeats: int = 3,
-            dtype: DType = DType.BFLOAT16) -> dict[str, float]:
+def measure(hidden: torch.Tensor, codec: Codec, level: int = 1, repeats: int = 3) -> dict[str, float]:
+    """Ratio and single-core encode/decode speed of ``hidden`` cut into block records,
+    sent as the tensor's own dtype (as the connector sends it)."""
     torch.set_num_threads(1)
+    dtype = WIRE_DTYPES[hidden.dtype]
     per_block = block_tokens(hidden)
     blocks = [hidden[i : i + per_block].contiguous() for i in range(0, hidden.shape[0], per_block)]
     raw = [b.view(torch.uint8).numpy() for b in blocks]
@@ -70,7 +73,7 @@ def results(hidden_f32: torch.Tensor | None = None) -> dict[str, object]:
     for codec, level in ((Codec.BYTEPLANE_ZSTD, 1), (Codec.BYTEPLANE_ZSTD, 3), (Codec.ZSTD, 1), (Codec.ZSTD, 3), (Codec.NONE, 0)):
         for key, value in measure(hidden, codec, level).items():
             out[f"codec_bf16_{codec.value}-{level}_{key}"] = round(value, 3 if key == "ratio" else 1)
-    for key, value in measure(hidden_f32, Codec.BYTEPLANE_ZSTD, 1, dtype=DType.FLOAT32).items():
+    for key, value in measure(hidden_f32, Codec.BYTEPLANE_ZSTD, 1).items():
         out[f"codec_f32_byteplane-zstd-1_{key}"] = round(value, 3 if key == "ratio" else 1)
     out["codec_ratio_bf16"] = out["codec_bf16_byteplane-zstd-1_ratio"]
     out["codec_mb_s_per_core"] = out["codec_bf16_byteplane-zstd-1_encode_mb_s"]

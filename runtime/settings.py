@@ -11,8 +11,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import PromptLimits, Topics
 
-_DEFAULT_TOPICS = Topics()
-
 
 class KafkaSettings(BaseSettings):
     """Connection and security settings applied to every Kafka client hsx creates.
@@ -68,27 +66,25 @@ class KafkaSettings(BaseSettings):
         return [s for s in secrets if s]
 
 
-class TopicSettings(BaseSettings):
-    """Topic names (``HSX_TOPIC_PROMPTS``, ...) and how missing topics are created."""
-
+class _TopicSettingsBase(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HSX_TOPIC_", extra="ignore")
 
-    prompts: str = _DEFAULT_TOPICS.prompts
-    prompts_dlq: str = _DEFAULT_TOPICS.prompts_dlq
-    blocks: str = _DEFAULT_TOPICS.blocks
-    blocks_dlq: str = _DEFAULT_TOPICS.blocks_dlq
-    ready: str = _DEFAULT_TOPICS.ready
     partitions: int = Field(default=4, ge=1)
     replication_factor: int = Field(default=1, ge=1)
 
     def topics(self) -> Topics:
-        return Topics(
-            prompts=self.prompts,
-            prompts_dlq=self.prompts_dlq,
-            blocks=self.blocks,
-            blocks_dlq=self.blocks_dlq,
-            ready=self.ready,
-        )
+        """The topic names these settings name."""
+        return Topics(**{f.name: getattr(self, f.name) for f in fields(Topics)})
+
+
+# One name field per Topics field (HSX_TOPIC_PROMPTS, ...), derived from the dataclass
+# so schemas/ stays the single list of topics and of their default names.
+TopicSettings = create_model(  # type: ignore[call-overload]
+    "TopicSettings",
+    __base__=_TopicSettingsBase,
+    __doc__="Topic names (``HSX_TOPIC_PROMPTS``, ...) and how missing topics are created.",
+    **{f.name: (str, f.default) for f in fields(Topics)},
+)
 
 
 class _LimitSettingsBase(BaseSettings):

@@ -18,19 +18,19 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-import orjson
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from schemas import DType, HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
+from runtime.tensors import TORCH_DTYPES
+from schemas import HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
 from schemas.codec import checksum
+from schemas.shard import ShardMetadata
 from sink.assembler import Sample
 from sink.storage import Storage
 
 SHARDS = "shards"
 INDEX = "index"
-TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -96,14 +96,10 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
             num_tokens=m.num_tokens, layer_ids=m.layer_ids, dtype=m.dtype, hidden_size=m.hidden_size,
             model=m.model, checksum=checksum(sample.hidden_states), metadata=m.metadata))
     first = shard.samples[0].manifest
-    metadata = {
-        "schema_version": "1",
-        "model": first.model,
-        "layer_ids": orjson.dumps(first.layer_ids).decode(),
-        "dtype": first.dtype.value,
-        "hidden_size": str(first.hidden_size),
-        "request_ids": orjson.dumps([s.manifest.request_id for s in shard.samples]).decode(),
-    }
+    metadata = ShardMetadata(
+        model=first.model, layer_ids=first.layer_ids, dtype=first.dtype, hidden_size=first.hidden_size,
+        request_ids=[s.manifest.request_id for s in shard.samples],
+    ).to_safetensors()
     storage.write_atomic_with(shard_path, lambda tmp: _save(tensors, metadata, tmp))
     index = ShardIndex(shard=shard_path, topic=shard.topic, partition=shard.partition,
                        first_offset=shard.samples[0].manifest_offset, events=events)

@@ -13,9 +13,9 @@ import torch
 from confluent_kafka import Message
 
 from hsx.demo import cpu_engine_env
+from runtime.tensors import TORCH_DTYPES
 from schemas import Manifest
 from sink.assembler import Assembler, Record, Rejected
-from sink.shards import TORCH_DTYPES
 
 
 def run_extractor(bootstrap: str, topics: dict[str, str], model: Path, log_path: Path, *extra: str,

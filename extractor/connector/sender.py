@@ -24,13 +24,12 @@ from extractor.connector.gather import Gathered
 from extractor.connector.metadata import SendJob
 from runtime.kafka import make_producer
 from runtime.settings import KafkaSettings
-from schemas import BlockRecordHeaders, BlockRef, DType, Manifest, RecordKind
+from runtime.tensors import WIRE_DTYPES
+from schemas import BlockRecordHeaders, BlockRef, Manifest, RecordKind
 from schemas.codec import encode_block, read_header
 from schemas.connector import CompletionReport, ConnectorConfig, RequestParams
 
 log = logging.getLogger(__name__)
-
-TORCH_TO_DTYPE = {torch.float32: DType.FLOAT32, torch.bfloat16: DType.BFLOAT16, torch.float16: DType.FLOAT16}
 
 
 @dataclass
@@ -140,7 +139,7 @@ class BlockSender:
         return encode_block(
             rows.view(torch.uint8).numpy(),
             shape=tuple(rows.shape),  # type: ignore[arg-type]
-            dtype=TORCH_TO_DTYPE[rows.dtype],
+            dtype=WIRE_DTYPES[rows.dtype],
             token_start=start,
             codec=self._config.codec,
             level=self._config.codec_level,
@@ -200,7 +199,7 @@ class BlockSender:
             attempt_id=params.attempt_id,
             model=self._config.model,
             layer_ids=self._layer_ids,
-            dtype=TORCH_TO_DTYPE[tensor.dtype],
+            dtype=WIRE_DTYPES[tensor.dtype],
             hidden_size=tensor.shape[2],
             num_tokens=tensor.shape[0],
             token_ids=transfer.job.token_ids,

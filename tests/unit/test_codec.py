@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from runtime.tensors import TORCH_DTYPES
 from schemas import Codec, DType
 from schemas.codec import CorruptBlock, checksum, decode_block, encode_block, read_header
-
-TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
 
 
 def raw_bytes(tensor: torch.Tensor) -> np.ndarray:

@@ -1,0 +1,45 @@
+"""The metadata in each shard's safetensors header, so a shard file describes
+itself without its index (``schemas.ShardIndex``, written beside it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+import orjson
+
+from schemas.blocks import DType, PositiveInt
+from schemas.common import SCHEMA_VERSION, NonNegativeInt, RequestId, StrictModel
+
+# safetensors metadata is a flat map of strings: these fields are stored as they
+# are, every other one as JSON, so any safetensors reader can parse each value.
+_TEXT_FIELDS = frozenset({"model", "dtype"})
+
+
+class ShardMetadata(StrictModel):
+    """The metadata in a shard's safetensors header: what all of its samples share
+    (a shard holds samples of one model, layer set, dtype and width) and which
+    samples it holds, so the file describes itself without its index."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    model: str
+    layer_ids: list[NonNegativeInt]
+    dtype: DType
+    hidden_size: PositiveInt
+    request_ids: list[RequestId]
+
+    def to_safetensors(self) -> dict[str, str]:
+        """As the ``metadata`` argument of ``safetensors.torch.save_file``."""
+        return {
+            name: value if name in _TEXT_FIELDS else orjson.dumps(value).decode()
+            for name, value in self.model_dump(mode="json").items()
+        }
+
+    @classmethod
+    def from_safetensors(cls, metadata: Mapping[str, str]) -> ShardMetadata:
+        """Parse what :meth:`to_safetensors` wrote (``safe_open(...).metadata()``);
+        raises ``ValueError`` when a value is not what the contract says."""
+        decoded = {name: value if name in _TEXT_FIELDS else orjson.loads(value) for name, value in metadata.items()}
+        # Validated from JSON so that strict mode still accepts dtype as its string.
+        return cls.model_validate_json(orjson.dumps(decoded))
+
