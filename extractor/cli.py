@@ -5,20 +5,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 from pathlib import Path
 
 import orjson
 
 from extractor.engine import EngineOptions, default_layer_ids, text_config
-from extractor.service import Extractor, ExtractorOptions, FatalError
-from runtime.kafka import KafkaUnavailable
+from extractor.options import ExtractorOptions
+from extractor.service import Extractor
+from runtime.errors import UsageError
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
 from runtime.logs import redact_secrets
 from schemas import Codec
 from schemas.connector import ConnectorConfig
 
-log = logging.getLogger(__name__)
+_CONNECTOR = {name: field.default for name, field in ConnectorConfig.model_fields.items()}
+_SERVICE = ExtractorOptions()
+_ENGINE = EngineOptions(model="", layer_ids=[])
 
 
 def _layer_list(text: str) -> list[int]:
@@ -47,18 +49,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kafka.add_argument("--topic", help="prompts topic (env HSX_TOPIC_PROMPTS)")
     kafka.add_argument("--blocks-topic", help="output topic (env HSX_TOPIC_BLOCKS)")
     kafka.add_argument("--dlq-topic", help="dead-letter topic (env HSX_TOPIC_PROMPTS_DLQ)")
-    kafka.add_argument("--group", default="hsx-extractor", help="consumer group id (default hsx-extractor)")
-    kafka.add_argument("--session-timeout-ms", type=int, default=10_000, help="consumer session timeout")
+    kafka.add_argument("--group", default=_SERVICE.group_id, help="consumer group id (default %(default)s)")
+    kafka.add_argument("--session-timeout-ms", type=int, default=_SERVICE.session_timeout_ms,
+                       help="consumer session timeout (default %(default)s)")
 
     model = parser.add_argument_group("model and vLLM")
     model.add_argument("--model", required=True, help="model directory (or name vLLM can load)")
     model.add_argument("--model-name", help="name recorded in manifests (default: the model directory's name)")
     model.add_argument("--layers", type=_layer_list, help="hidden-state layer ids, e.g. 2,15,27,30 "
                        "(default: EAGLE-3's low/mid/high plus the last, num_hidden_layers)")
-    model.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, float16")
-    model.add_argument("--max-model-len", type=int, default=4096, help="longest prompt + 1 (default 4096)")
-    model.add_argument("--tensor-parallel-size", type=int, default=1)
-    model.add_argument("--data-parallel-size", type=int, default=1)
+    model.add_argument("--dtype", default=_ENGINE.dtype, help="model dtype: auto, float32, bfloat16, float16 "
+                       "(default %(default)s)")
+    model.add_argument("--max-model-len", type=int, default=_ENGINE.max_model_len,
+                       help="longest prompt + 1 (default %(default)s)")
+    model.add_argument("--tensor-parallel-size", type=int, default=_ENGINE.tensor_parallel_size)
+    model.add_argument("--data-parallel-size", type=int, default=_ENGINE.data_parallel_size)
     model.add_argument("--max-num-seqs", type=int, help="vLLM batch size limit")
     model.add_argument("--max-num-batched-tokens", type=int, help="vLLM tokens per step")
     model.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / compilation")
@@ -66,27 +71,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="any other AsyncEngineArgs field (VALUE parsed as JSON when it can be)")
 
     service = parser.add_argument_group("service")
-    service.add_argument("--max-inflight", type=int, default=64, help="prompts in flight (default 64)")
-    service.add_argument("--max-attempts", type=int, default=3, help="attempts before dead-lettering")
+    service.add_argument("--max-inflight", type=int, default=_SERVICE.max_inflight,
+                         help="prompts in flight (default %(default)s)")
+    service.add_argument("--max-attempts", type=int, default=_SERVICE.max_attempts,
+                         help="attempts before dead-lettering (default %(default)s)")
     service.add_argument("--exit-when-idle", type=float, metavar="SECS", help="stop after SECS with nothing to do")
-    service.add_argument("--stall-timeout", type=float, default=600.0, metavar="SECS",
-                         help="exit 1 when no prompt finished for SECS with prompts in flight (default 600)")
+    service.add_argument("--stall-timeout", type=float, default=_SERVICE.stall_timeout, metavar="SECS",
+                         help="exit 1 when no prompt finished for SECS with prompts in flight (default %(default)s)")
     service.add_argument("--health-port", type=int,
                          help="serve /healthz, /readyz, /metrics on this port (off if unset)")
     service.add_argument("--stats-file", type=Path, help="write the final statistics here as JSON")
-    service.add_argument("--codec", type=Codec, choices=list(Codec), default=Codec.BYTEPLANE_ZSTD)
-    service.add_argument("--codec-level", type=int, default=1, help="zstd level (default 1)")
-    service.add_argument("--block-bytes", type=int, default=1 << 20, help="target raw bytes per block record")
-    service.add_argument("--compress-threads", type=int, default=2)
-    service.add_argument("--max-inflight-bytes", type=int, default=512 << 20,
-                         help="raw hidden-state bytes awaiting Kafka acks (default 512 MiB)")
+    service.add_argument("--codec", type=Codec, choices=list(Codec), default=_CONNECTOR["codec"])
+    service.add_argument("--codec-level", type=int, default=_CONNECTOR["codec_level"], help="zstd level (default %(default)s)")
+    service.add_argument("--block-bytes", type=int, default=_CONNECTOR["block_bytes"],
+                         help="target raw bytes per block record (default %(default)s)")
+    service.add_argument("--compress-threads", type=int, default=_CONNECTOR["compress_threads"])
+    service.add_argument("--max-inflight-bytes", type=int, default=_CONNECTOR["max_inflight_bytes"],
+                         help="raw hidden-state bytes awaiting Kafka acks (default %(default)s)")
 
 
 def options_from_args(args: argparse.Namespace) -> tuple[EngineOptions, ConnectorConfig, ExtractorOptions]:
     config = text_config(args.model)
     layers = args.layers or default_layer_ids(config.num_hidden_layers)
     if max(layers) > config.num_hidden_layers:
-        raise ValueError(f"layer ids go up to num_hidden_layers = {config.num_hidden_layers}, got {layers}")
+        raise UsageError(f"layer ids go up to num_hidden_layers = {config.num_hidden_layers}, got {layers}")
     engine = EngineOptions(
         model=args.model,
         layer_ids=layers,
@@ -130,18 +138,10 @@ def run(args: argparse.Namespace) -> int:
     topics = TopicSettings(**overrides(prompts=args.topic, blocks=args.blocks_topic, prompts_dlq=args.dlq_topic))
     try:
         engine, connector, service = options_from_args(args)
-    except (OSError, ValueError) as exc:
-        log.error("%s", exc)
-        return 2
+    except (OSError, ValueError) as exc:  # the model directory or its config
+        raise UsageError(str(exc)) from exc
     extractor = Extractor(kafka, topics, engine, connector, service, PromptLimitSettings().limits())
-    try:
-        stats = asyncio.run(extractor.run())
-    except KafkaUnavailable as exc:
-        log.error("%s", exc)
-        return 2
-    except FatalError as exc:
-        log.error("extractor stopped: %s", exc)
-        return 1
+    stats = asyncio.run(extractor.run())
     print(f"extract: {stats.describe()}")
     if args.stats_file:
         args.stats_file.write_bytes(orjson.dumps(stats.as_dict()))

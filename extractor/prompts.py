@@ -11,15 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from schemas import Message, PromptEvent
+from runtime.errors import Rejection
+from schemas import ErrorClass, Message, PromptEvent
 
 
-class PromptRejected(ValueError):
+class PromptRejected(Rejection):
     """A prompt that only the model can judge as bad; goes to the DLQ."""
-
-    def __init__(self, error_class: str, message: str) -> None:
-        super().__init__(message)
-        self.error_class = error_class
 
 
 @dataclass(frozen=True)
@@ -50,10 +47,10 @@ class PromptPreparer:
             assert event.messages is not None
             prepared = self._chat(event.messages)
         if not prepared.token_ids:
-            raise PromptRejected("empty_prompt", "the prompt is empty after tokenization")
+            raise PromptRejected(ErrorClass.EMPTY_PROMPT, "the prompt is empty after tokenization")
         if len(prepared.token_ids) > self._max_prompt_tokens:
             raise PromptRejected(
-                "prompt_too_long",
+                ErrorClass.PROMPT_TOO_LONG,
                 f"{len(prepared.token_ids)} tokens; at most {self._max_prompt_tokens} fit max_model_len",
             )
         return prepared
@@ -63,7 +60,7 @@ class PromptPreparer:
         if bad:
             index, token = bad[0]
             raise PromptRejected(
-                "token_out_of_vocabulary",
+                ErrorClass.TOKEN_OUT_OF_VOCABULARY,
                 f"token_ids.{index} = {token} is outside the vocabulary of {self._vocab_size}"
                 + (f" ({len(bad)} such ids)" if len(bad) > 1 else ""),
             )
@@ -74,7 +71,7 @@ class PromptPreparer:
                 messages, tokenize=False, add_generation_prompt=add_generation_prompt
             )
         except Exception as exc:  # jinja2 errors, raise_exception() in templates, missing template
-            raise PromptRejected("chat_template_error", f"the chat template rejected the messages: {exc}") from exc
+            raise PromptRejected(ErrorClass.CHAT_TEMPLATE_ERROR, f"the chat template rejected the messages: {exc}") from exc
 
     def _chat(self, messages: list[Message]) -> PreparedPrompt:
         dicts = [{"role": m.role, "content": m.content} for m in messages]
@@ -90,7 +87,7 @@ class PromptPreparer:
             upto = self._render(dicts[: i + 1])
             if not (upto.startswith(before) and text.startswith(upto)):
                 raise PromptRejected(
-                    "chat_template_unsupported",
+                    ErrorClass.CHAT_TEMPLATE_UNSUPPORTED,
                     "the chat template does not render conversation prefixes as prefixes, "
                     f"so the assistant turn {i} cannot be located",
                 )

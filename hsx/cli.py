@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import signal
 import sys
 import threading
 from pathlib import Path
 
+from runtime.errors import HsxError
 from runtime.logs import configure_logging
+
+log = logging.getLogger("hsx")
 
 # Each module has add_arguments(parser) and run(args) -> exit code.
 SERVICE_COMMANDS = [
@@ -71,9 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; an :class:`HsxError` becomes one log line and its exit code
+    (the table is :class:`runtime.errors.ExitCode`)."""
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
-    return int(args.handler(args))
+    try:
+        return int(args.handler(args))
+    except HsxError as exc:
+        log.debug("%s", exc, exc_info=True)
+        log.error("hsx %s: %s", args.command, exc)
+        return int(exc.exit_code)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ from tqdm import tqdm
 
 from producer.publisher import InvalidLine, InvalidPolicy, Mapping, Publisher, PublishSummary
 from producer.sources import DatasetFormat, read_jsonl
-from runtime.kafka import DeliveryFailed, DeliveryTracker, KafkaUnavailable, ensure_topics, make_producer
+from runtime.errors import ExitCode, UsageError
+from runtime.kafka import DeliveryTracker, ensure_topics, make_producer
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
 from runtime.logs import redact_secrets
 
@@ -70,26 +71,18 @@ def run(args: argparse.Namespace) -> int:
         id_field=args.id_field,
         metadata_fields=tuple(f for f in args.metadata_fields.split(",") if f),
     )
-    try:
-        ensure_topics(kafka, topic_settings, [topics.prompts, topics.prompts_dlq])
-    except KafkaUnavailable as exc:
-        log.error("%s", exc)
-        return 2
+    ensure_topics(kafka, topic_settings, [topics.prompts, topics.prompts_dlq])
     publisher = Publisher(
         DeliveryTracker(make_producer(kafka)), topics, mapping, PromptLimitSettings().limits(), args.on_invalid
     )
     try:
         with _open_input(args.file) as (stream, source), _progress(args.no_progress) as bar:
             summary = publisher.publish(read_jsonl(stream, source), on_line=bar)
-    except FileNotFoundError as exc:
-        log.error("cannot read %s: %s", args.file, exc.strerror)
-        return 2
+    except OSError as exc:
+        raise UsageError(f"cannot read {args.file}: {exc.strerror}") from exc
     except InvalidLine as exc:
         log.error("stopped at the first invalid line (--on-invalid fail): %s", exc)
-        return 1
-    except DeliveryFailed as exc:
-        log.error("%s", exc)
-        return 1
+        return ExitCode.FAILED
     print(summary.describe(), file=sys.stderr)
     return 0
 

@@ -13,8 +13,9 @@ from pydantic import ValidationError
 
 from producer.sources import DatasetFormat, MappingError, SourceLine, to_event_dict
 from runtime.kafka import DeliveryTracker
-from runtime.logs import redact
-from schemas import DEFAULT_LIMITS, DlqHeaders, PromptEvent, PromptLimits, Topics, format_validation_error
+from runtime.kafka.dead_letters import DeadLetters
+from runtime.errors import Rejection
+from schemas import DEFAULT_LIMITS, ErrorClass, PromptEvent, PromptLimits, Topics, format_validation_error
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +31,15 @@ class InvalidPolicy(str, Enum):
     """Report it and publish the original line to the prompts DLQ with the reason."""
 
 
-class InvalidLine(ValueError):
+class InvalidLine(Rejection):
     """A line that cannot become a prompt event, with a rule name and a reason."""
 
-    def __init__(self, line: SourceLine, error_class: str, reason: str) -> None:
-        super().__init__(f"{line.source}:{line.line_no}: {reason}")
+    def __init__(self, line: SourceLine, error_class: ErrorClass, reason: str) -> None:
+        super().__init__(error_class, reason)
         self.line = line
-        self.error_class = error_class
-        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.line.source}:{self.line.line_no}: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -71,13 +73,13 @@ def parse_line(line: SourceLine, mapping: Mapping, limits: PromptLimits = DEFAUL
     try:
         event = to_event_dict(line, mapping.fmt, mapping.text_field, mapping.id_field, mapping.metadata_fields)
     except orjson.JSONDecodeError as exc:
-        raise InvalidLine(line, "invalid_json", f"not valid JSON: {exc}") from exc
+        raise InvalidLine(line, ErrorClass.INVALID_JSON, f"not valid JSON: {exc}") from exc
     except MappingError as exc:
-        raise InvalidLine(line, "invalid_shape", str(exc)) from exc
+        raise InvalidLine(line, ErrorClass.INVALID_SHAPE, str(exc)) from exc
     try:
         return PromptEvent.model_validate_json(orjson.dumps(event), context={"limits": limits})
     except ValidationError as exc:
-        raise InvalidLine(line, "invalid_event", format_validation_error(exc)) from exc
+        raise InvalidLine(line, ErrorClass.INVALID_EVENT, format_validation_error(exc)) from exc
 
 
 class Publisher:
@@ -93,6 +95,7 @@ class Publisher:
         on_invalid: InvalidPolicy = InvalidPolicy.SKIP,
     ) -> None:
         self.tracker = tracker
+        self.dead_letters = DeadLetters(tracker.producer, "producer")
         self.topics = topics
         self.mapping = mapping
         self.limits = limits
@@ -102,8 +105,9 @@ class Publisher:
         self, lines: Iterable[SourceLine], on_line: Callable[[PublishSummary], None] | None = None
     ) -> PublishSummary:
         """Publish every line, then wait until Kafka acknowledged all of them.
-        Raises :class:`InvalidLine` under the ``fail`` policy and
-        ``DeliveryFailed`` when Kafka rejected anything."""
+        Raises :class:`InvalidLine` under the ``fail`` policy,
+        ``DeliveryFailed`` when Kafka rejected an event and ``ServiceFailed``
+        when it rejected a dead letter."""
         summary = PublishSummary()
         start = time.monotonic()
         try:
@@ -114,6 +118,7 @@ class Publisher:
         finally:
             self.tracker.flush()
             summary.seconds = time.monotonic() - start
+        self.dead_letters.check()
         return summary
 
     def _publish_line(self, line: SourceLine, summary: PublishSummary) -> None:
@@ -134,7 +139,5 @@ class Publisher:
         summary.bytes_sent += len(value)
 
     def _dead_letter(self, exc: InvalidLine) -> None:
-        headers = DlqHeaders.build(
-            exc.error_class, redact(exc.reason), service="producer", source_file=exc.line.source, source_line=exc.line.line_no
-        )
-        self.tracker.produce(self.topics.prompts_dlq, exc.line.raw, key=None, headers=headers.to_kafka())
+        self.dead_letters.send(self.topics.prompts_dlq, exc, exc.line.raw, key=None, source_file=exc.line.source,
+                               source_line=exc.line.line_no)

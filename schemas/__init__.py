@@ -14,7 +14,7 @@ from schemas.blocks import (
     SourceRef,
 )
 from schemas.common import SCHEMA_VERSION, RequestId, StrictModel, format_validation_error
-from schemas.dlq import DlqHeaders
+from schemas.dlq import DlqHeaders, ErrorClass
 from schemas.prompt import DEFAULT_LIMITS, Message, PromptEvent, PromptKind, PromptLimits
 from schemas.ready import HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
 from schemas.topics import Topics
@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_LIMITS",
     "DType",
     "DlqHeaders",
+    "ErrorClass",
     "HiddenStatesReady",
     "Manifest",
     "Message",

@@ -3,6 +3,7 @@ was wrong and where the record came from."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated
 
 from pydantic import Field
@@ -13,12 +14,39 @@ MAX_MESSAGE_CHARS = 2_000
 _PREFIX = "hsx-"
 
 
+class ErrorClass(StrEnum):
+    """Every rule a record can break, by the service that finds it out. The values
+    are stable, machine-readable names that DLQ consumers may match on."""
+
+    # producer: a line of an input file
+    INVALID_JSON = "invalid_json"
+    INVALID_SHAPE = "invalid_shape"
+    INVALID_EVENT = "invalid_event"
+    """Not a valid ``PromptEvent`` (also found by the extractor on ``prompts``)."""
+    # extractor: what only the model can judge
+    EMPTY_PROMPT = "empty_prompt"
+    PROMPT_TOO_LONG = "prompt_too_long"
+    TOKEN_OUT_OF_VOCABULARY = "token_out_of_vocabulary"
+    CHAT_TEMPLATE_ERROR = "chat_template_error"
+    CHAT_TEMPLATE_UNSUPPORTED = "chat_template_unsupported"
+    ENGINE_REJECTED = "engine_rejected"
+    EXTRACTION_FAILED = "extraction_failed"
+    # sink: block records and manifests
+    INVALID_RECORD = "invalid_record"
+    INVALID_MANIFEST = "invalid_manifest"
+    INCOMPLETE_SAMPLE = "incomplete_sample"
+    SUPERSEDED_ATTEMPT = "superseded_attempt"
+    CORRUPT_BLOCK = "corrupt_block"
+    SHAPE_MISMATCH = "shape_mismatch"
+    CONFLICTING_DUPLICATE = "conflicting_duplicate"
+
+
 class DlqHeaders(StrictModel):
     """Why a record was dead-lettered and where it came from: a Kafka record
     (topic/partition/offset) or a line of an input file (file/line)."""
 
-    error_class: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
-    """A stable, machine-readable rule name, e.g. ``invalid_event``, ``prompt_too_long``."""
+    error_class: ErrorClass
+    """The rule the record broke, e.g. ``invalid_event``, ``prompt_too_long``."""
     error_message: Annotated[str, Field(max_length=MAX_MESSAGE_CHARS)]
     service: str
     source_topic: str | None = None
@@ -28,12 +56,12 @@ class DlqHeaders(StrictModel):
     source_line: int | None = None
 
     @classmethod
-    def build(cls, error_class: str, error_message: str, **source: str | int | None) -> DlqHeaders:
+    def build(cls, error_class: ErrorClass | str, error_message: str, **source: str | int | None) -> DlqHeaders:
         """Like the constructor, but truncates an over-long message instead of failing:
         a dead letter must never fail to be written because of its own reason."""
         if len(error_message) > MAX_MESSAGE_CHARS:
             error_message = error_message[: MAX_MESSAGE_CHARS - 3] + "..."
-        return cls(error_class=error_class, error_message=error_message, **source)
+        return cls(error_class=ErrorClass(error_class), error_message=error_message, **source)
 
     def to_kafka(self) -> list[tuple[str, bytes]]:
         """As Kafka headers named ``hsx-error-class``, ``hsx-source-offset``, ..."""

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import orjson
 from pydantic import ValidationError
 
-from schemas import BlockRecordHeaders, Manifest, RecordKind, format_validation_error
+from runtime.errors import Rejection
+from schemas import BlockRecordHeaders, ErrorClass, Manifest, RecordKind, format_validation_error
 from schemas.codec import CorruptBlock, decode_block
 
 
@@ -49,7 +50,7 @@ class Sample:
 class Rejected:
     """Records that will never become a sample, and why."""
 
-    error_class: str
+    error_class: ErrorClass
     reason: str
     offsets: list[int]
     request_id: str | None = None
@@ -85,7 +86,7 @@ class Assembler:
             request_id = (record.key or b"").decode()
         except (ValidationError, UnicodeDecodeError) as exc:
             key = (record.key or b"").decode("utf-8", "replace") or None
-            return Rejected("invalid_record", f"unreadable block record: {exc}", [record.offset], key, record.value)
+            return Rejected(ErrorClass.INVALID_RECORD, f"unreadable block record: {exc}", [record.offset], key, record.value)
         key = (request_id, headers.attempt_id)
         if headers.kind is RecordKind.BLOCK:
             assert headers.block_index is not None
@@ -97,14 +98,14 @@ class Assembler:
             manifest = Manifest.model_validate(orjson.loads(record.value), strict=False)
         except (orjson.JSONDecodeError, ValidationError) as exc:
             reason = format_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
-            return Rejected("invalid_manifest", f"manifest does not validate: {reason}", offsets, request_id, record.value)
+            return Rejected(ErrorClass.INVALID_MANIFEST, f"manifest does not validate: {reason}", offsets, request_id, record.value)
         if manifest.request_id != request_id or manifest.attempt_id != headers.attempt_id:
-            return Rejected("invalid_manifest", "manifest does not match its record key / attempt header",
+            return Rejected(ErrorClass.INVALID_MANIFEST, "manifest does not match its record key / attempt header",
                             offsets, request_id, record.value)
         try:
             raw = _verified_bytes(manifest, pending.blocks)
-        except _Invalid as exc:
-            return Rejected(exc.error_class, str(exc), offsets, request_id, record.value)
+        except Rejection as exc:
+            return Rejected(exc.error_class, exc.reason, offsets, request_id, record.value)
         return Sample(manifest, raw, offsets)
 
     def supersede(self, request_id: str) -> list[Rejected]:
@@ -115,45 +116,39 @@ class Assembler:
         rejecting them now, instead of after the timeout, lets the partition's
         committed offset move past them."""
         stale = [key for key in self._pending if key[0] == request_id]
-        return [self._incomplete(key, "superseded_attempt", "a later attempt completed") for key in stale]
+        return [self._incomplete(key, ErrorClass.SUPERSEDED_ATTEMPT, "a later attempt completed") for key in stale]
 
     def expire(self, now: float | None = None) -> list[Rejected]:
         """Reject attempts whose manifest has not come within the timeout."""
         now = time.monotonic() if now is None else now
         expired = [k for k, p in self._pending.items() if now - p.first_seen > self._timeout]
-        return [self._incomplete(key, "incomplete_sample", f"no manifest within {self._timeout:.0f}s") for key in expired]
+        return [self._incomplete(key, ErrorClass.INCOMPLETE_SAMPLE, f"no manifest within {self._timeout:.0f}s") for key in expired]
 
-    def _incomplete(self, key: tuple[str, str], error_class: str, why: str) -> Rejected:
+    def _incomplete(self, key: tuple[str, str], error_class: ErrorClass, why: str) -> Rejected:
         pending = self._pending.pop(key)
         request_id, attempt_id = key
         return Rejected(error_class, f"attempt {attempt_id}: {len(pending.blocks)} block(s) but {why}",
                         sorted(r.offset for r in pending.blocks.values()), request_id)
 
 
-class _Invalid(ValueError):
-    def __init__(self, error_class: str, reason: str) -> None:
-        super().__init__(reason)
-        self.error_class = error_class
-
-
 def _verified_bytes(manifest: Manifest, blocks: dict[int, Record]) -> bytes:
     missing = [b.index for b in manifest.blocks if b.index not in blocks]
     if missing:
-        raise _Invalid("incomplete_sample", f"manifest lists blocks {missing} that never arrived")
+        raise Rejection(ErrorClass.INCOMPLETE_SAMPLE, f"manifest lists blocks {missing} that never arrived")
     extra = sorted(set(blocks) - {b.index for b in manifest.blocks})
     if extra:
-        raise _Invalid("incomplete_sample", f"blocks {extra} are not in the manifest")
+        raise Rejection(ErrorClass.INCOMPLETE_SAMPLE, f"blocks {extra} are not in the manifest")
     parts = []
     for ref in manifest.blocks:
         try:
             header, raw = decode_block(blocks[ref.index].value)
         except CorruptBlock as exc:
-            raise _Invalid("corrupt_block", f"block {ref.index}: {exc}") from exc
+            raise Rejection(ErrorClass.CORRUPT_BLOCK, f"block {ref.index}: {exc}") from exc
         expected_shape = (ref.token_end - ref.token_start, len(manifest.layer_ids), manifest.hidden_size)
         if (header.token_start, header.token_end, header.checksum) != (ref.token_start, ref.token_end, ref.checksum):
-            raise _Invalid("corrupt_block", f"block {ref.index} does not match the manifest's token range or checksum")
+            raise Rejection(ErrorClass.CORRUPT_BLOCK, f"block {ref.index} does not match the manifest's token range or checksum")
         if header.shape != expected_shape or header.dtype is not manifest.dtype:
-            raise _Invalid("shape_mismatch", f"block {ref.index} is {header.shape} {header.dtype.value}, "
+            raise Rejection(ErrorClass.SHAPE_MISMATCH, f"block {ref.index} is {header.shape} {header.dtype.value}, "
                                              f"the manifest says {expected_shape} {manifest.dtype.value}")
         parts.append(raw)
     return b"".join(parts)

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 
 import orjson
 
-from runtime.kafka import DeliveryFailed, KafkaUnavailable
 from runtime.settings import KafkaSettings, TopicSettings, overrides
 from runtime.logs import redact_secrets
-from sink.service import Sink, SinkOptions
+from sink.options import SinkOptions
+from sink.service import Sink
 
-log = logging.getLogger(__name__)
+_DEFAULTS = SinkOptions(output=Path("."))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,15 +21,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topic", help="blocks topic (env HSX_TOPIC_BLOCKS)")
     parser.add_argument("--ready-topic", help="ready events topic (env HSX_TOPIC_READY)")
     parser.add_argument("--dlq-topic", help="dead-letter topic (env HSX_TOPIC_BLOCKS_DLQ)")
-    parser.add_argument("--group", default="hsx-sink", help="consumer group id (default hsx-sink)")
+    parser.add_argument("--group", default=_DEFAULTS.group_id, help="consumer group id (default %(default)s)")
     parser.add_argument("--dataset-name", help="name in ready-event ids (default: the output folder's name)")
-    parser.add_argument("--max-shard-bytes", type=int, default=1 << 30, help="close a shard at this size (1 GiB)")
-    parser.add_argument("--max-shard-samples", type=int, default=10_000, help="close a shard at this many samples")
-    parser.add_argument("--max-shard-age", type=float, default=60.0, help="close a shard after SECS (default 60)")
-    parser.add_argument("--max-buffer-bytes", type=int, default=2 << 30, help="memory budget; pause above it (2 GiB)")
-    parser.add_argument("--incomplete-timeout", type=float, default=600.0,
-                        help="reject blocks whose manifest has not come after SECS (default 600)")
-    parser.add_argument("--session-timeout-ms", type=int, default=10_000)
+    parser.add_argument("--max-shard-bytes", type=int, default=_DEFAULTS.max_shard_bytes,
+                        help="close a shard at this size (default %(default)s)")
+    parser.add_argument("--max-shard-samples", type=int, default=_DEFAULTS.max_shard_samples,
+                        help="close a shard at this many samples (default %(default)s)")
+    parser.add_argument("--max-shard-age", type=float, default=_DEFAULTS.max_shard_age, metavar="SECS",
+                        help="close a shard after SECS (default %(default)s)")
+    parser.add_argument("--max-buffer-bytes", type=int, default=_DEFAULTS.max_buffer_bytes,
+                        help="memory budget; pause above it (default %(default)s)")
+    parser.add_argument("--incomplete-timeout", type=float, default=_DEFAULTS.incomplete_timeout, metavar="SECS",
+                        help="reject blocks whose manifest has not come after SECS (default %(default)s)")
+    parser.add_argument("--session-timeout-ms", type=int, default=_DEFAULTS.session_timeout_ms)
     parser.add_argument("--exit-when-idle", type=float, metavar="SECS", help="stop after SECS with nothing to read")
     parser.add_argument("--exactly-once", action="store_true",
                         help="ready events and offset commits in one Kafka transaction (needs a broker with full "
@@ -50,11 +53,7 @@ def run(args: argparse.Namespace) -> int:
         session_timeout_ms=args.session_timeout_ms, exit_when_idle=args.exit_when_idle,
         exactly_once=args.exactly_once, health_port=args.health_port,
     )
-    try:
-        stats = Sink(kafka, topics, options).run()
-    except (KafkaUnavailable, DeliveryFailed) as exc:
-        log.error("%s", exc)
-        return 1
+    stats = Sink(kafka, topics, options).run()
     print(f"sink: {stats.describe()}")
     if args.stats_file:
         args.stats_file.write_bytes(orjson.dumps(stats.as_dict()))

@@ -6,7 +6,7 @@ import logging
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from runtime.watermarks import TopicPartitionKey, Watermarks
+from runtime.kafka.watermarks import TopicPartitionKey, Watermarks
 
 log = logging.getLogger(__name__)
 

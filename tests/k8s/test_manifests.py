@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from extractor.service import ExtractorOptions
+from extractor.options import ExtractorOptions
 from hsx.cli import build_parser
 from runtime.kafka.config import MAX_MESSAGE_BYTES, consumer_config
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings

@@ -1,0 +1,52 @@
+"""hsx's exceptions: one root, one rejection type for bad input, and the exit code
+each stands for.
+
+Every ``hsx`` command maps an :class:`HsxError` that reaches it to
+``exc.exit_code`` (see :func:`hsx.cli.main`); the table is :class:`ExitCode`.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from schemas import ErrorClass
+
+
+class ExitCode(IntEnum):
+    """What an ``hsx`` command's exit status means (documented in the README)."""
+
+    OK = 0
+    FAILED = 1
+    """The run started and could not finish safely: the engine died or stalled, a
+    dead letter or ready event was not acknowledged, ``--on-invalid fail`` met an
+    invalid line. Nothing unfinished was committed; a restart resumes."""
+    USAGE = 2
+    """Bad command line or local input (argparse uses 2 as well)."""
+    UNAVAILABLE = 3
+    """The Kafka cluster did not answer in time."""
+
+
+class HsxError(Exception):
+    """Root of every error hsx raises on purpose."""
+
+    exit_code: ExitCode = ExitCode.FAILED
+
+
+class UsageError(HsxError):
+    """A command-line value or local file that cannot work; nothing was started."""
+
+    exit_code = ExitCode.USAGE
+
+
+class ServiceFailed(HsxError):
+    """A service cannot go on safely (engine dead or stuck, a dead letter lost)."""
+
+
+class Rejection(HsxError):
+    """Input that will never be processed: the rule it broke and why. Services
+    dead-letter it with these two as headers; nothing else about it is special."""
+
+    def __init__(self, error_class: ErrorClass, reason: str) -> None:
+        super().__init__(reason)
+        self.error_class = error_class
+        self.reason = reason

@@ -1,0 +1,255 @@
+"""The consumer-group member both services are built on.
+
+A service supplies only what is its own: what to do with a record (it calls
+:meth:`GroupMember.poll` and handles what comes back), what "make the revoked
+partitions' work durable" means (:class:`PartitionHandler`), and what runs on
+each tick of its loop. The member owns everything else: the ``Consumer``, the
+subscription and the three rebalance callbacks, the watermarks, pausing, the
+commit schedule and the lag gauge, idle exit, SIGTERM/SIGINT leading to a drain,
+and the health/readiness server.
+
+The sink drives it from a plain loop; the extractor from an asyncio loop, because
+it awaits vLLM and the connector's reports. Nothing here blocks for long
+(``poll`` takes a timeout, 0 for the extractor), so one class serves both.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from runtime.health import HealthServer
+from runtime.kafka.commits import commit_watermarks, partition_lag
+from runtime.kafka.config import consumer_config
+from runtime.kafka.watermarks import TopicPartitionKey, Watermarks
+from runtime.metrics import member_metrics
+from runtime.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+Commit = Callable[[set[TopicPartitionKey] | None], None]
+"""Commits the watermarks (optionally of some partitions only)."""
+
+
+class PartitionHandler(Protocol):
+    """What a service does when partitions come and go."""
+
+    def assigned(self, partitions: list[TopicPartitionKey]) -> None:
+        """Set up per-partition state (runs before the first record arrives)."""
+
+    def revoked(self, partitions: list[TopicPartitionKey]) -> None:
+        """Make the partitions' finished work durable and drop their state; the
+        member commits right after, while the partitions are still ours."""
+
+    def lost(self, partitions: list[TopicPartitionKey]) -> None:
+        """Drop the partitions' state: another member owns them already."""
+
+
+class _Stateless:
+    """The handler of a service that keeps no per-partition state."""
+
+    def assigned(self, partitions: list[TopicPartitionKey]) -> None:
+        pass
+
+    def revoked(self, partitions: list[TopicPartitionKey]) -> None:
+        pass
+
+    def lost(self, partitions: list[TopicPartitionKey]) -> None:
+        pass
+
+
+class GroupMember:
+    """One member of a consumer group, with the commit discipline hsx relies on:
+    an offset is committed only when :meth:`done` was called for it and every
+    offset before it (see :class:`Watermarks`)."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        group_id: str,
+        topic: str,
+        service: str,
+        handler: PartitionHandler | None = None,
+        *,
+        consumer_overrides: dict[str, Any] | None = None,
+        commit_interval: float = 1.0,
+        exit_when_idle: float | None = None,
+    ) -> None:
+        self.marks = Watermarks()
+        self.stopping = False
+        self.paused = False
+        self.health: HealthServer | None = None
+        self._kafka = kafka
+        self._group_id = group_id
+        self._topic = topic
+        self._handler = handler or _Stateless()
+        self._overrides = consumer_overrides or {}
+        self._commit_interval = commit_interval
+        self._exit_when_idle = exit_when_idle
+        self._metrics = member_metrics(service)
+        self._consumer: Consumer | None = None
+        self._assigned: set[TopicPartitionKey] = set()
+        self._commit: Commit = self._commit_watermarks
+        self._last_commit = self._last_activity = time.monotonic()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def handle_signals(self, stop: Callable[[], None] | None = None) -> None:
+        """SIGTERM and SIGINT start a drain: ``stop`` (default :meth:`stop`), which
+        must end in :meth:`stop`."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: (stop or self.stop)())
+
+    def serve_health(self, port: int | None, not_ready: Callable[[], str | None], status: Callable[[], str]) -> None:
+        """Serve /healthz, /readyz and /metrics on ``port`` (0: any free port; None:
+        off). ``not_ready`` names a service-specific reason to fail readiness (or
+        None); ``status`` is the text of a ready answer."""
+        if port is None:
+            return
+
+        def readiness() -> tuple[bool, str]:
+            reason = not_ready()
+            if reason is None:
+                reason = self._not_ready()
+            return (False, reason) if reason else (True, f"ready: {status()}")
+
+        self.health = HealthServer(port, readiness).start()
+
+    def subscribe(self, commit: Commit | None = None) -> None:
+        """Create the consumer and join the group. ``commit`` replaces the plain
+        offset commit (the sink's transactional mode commits inside a transaction)."""
+        if commit is not None:
+            self._commit = commit
+        self._consumer = Consumer(consumer_config(self._kafka, self._group_id, **self._overrides))
+        self._consumer.subscribe([self._topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_lost)
+        self._last_commit = self._last_activity = time.monotonic()  # start-up is not idleness
+
+    def stop(self) -> None:
+        """Stop fetching; the service finishes its work, commits and leaves."""
+        if not self.stopping:
+            log.info("stopping: draining")
+        self.stopping = True
+
+    def close(self) -> None:
+        """Leave the group (partitions move on at once) and stop the health server."""
+        if self._consumer is not None:
+            self._consumer.close()
+        if self.health is not None:
+            self.health.stop()
+
+    @property
+    def consumer(self) -> Consumer:
+        assert self._consumer is not None, "subscribe() first"
+        return self._consumer
+
+    # -- the loop's steps --------------------------------------------------------------------
+
+    def poll(self, max_messages: int, timeout: float) -> list[Message]:
+        """Fetch up to ``max_messages`` records of assigned partitions and track
+        their offsets; consumer errors are logged, never returned."""
+        records = []
+        for message in self.consumer.consume(num_messages=max_messages, timeout=timeout):
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consumer error: %s", error)
+                continue
+            key = (message.topic(), message.partition())
+            if key not in self._assigned:
+                continue  # revoked between fetch and delivery
+            self.marks.track(key, message.offset())
+            records.append(message)
+        if records:
+            self.touch()
+        return records
+
+    def done(self, tp: TopicPartitionKey, offset: int) -> None:
+        """Everything the record at ``offset`` caused is durable: it may be committed."""
+        self.marks.done(tp, offset)
+
+    def touch(self) -> None:
+        """Something happened: the idle clock starts again."""
+        self._last_activity = time.monotonic()
+
+    def tick(self, busy: bool = False) -> None:
+        """Commit (and update the lag gauge) when the interval is up; stop when
+        idle for ``exit_when_idle`` seconds and not ``busy``."""
+        now = time.monotonic()
+        if now - self._last_commit >= self._commit_interval:
+            self.commit()
+            for (topic, partition), lag in partition_lag(self.consumer).items():
+                self._metrics.lag.labels(topic, str(partition)).set(lag)
+            self._last_commit = now
+        idle = self._exit_when_idle
+        if busy:
+            self._last_activity = now
+        elif idle is not None and now - self._last_activity >= idle and not self.stopping:
+            log.info("idle for %.0fs: stopping", idle)
+            self.stopping = True
+
+    def pause(self, paused: bool) -> None:
+        """Pause (or resume) every assigned partition; partitions assigned while
+        paused start paused."""
+        if paused != self.paused:
+            (self.consumer.pause if paused else self.consumer.resume)(self.consumer.assignment())
+            self.paused = paused
+
+    def commit(self, only: set[TopicPartitionKey] | None = None) -> None:
+        with self._metrics.commit_seconds.time():
+            self._commit(only)
+
+    def _commit_watermarks(self, only: set[TopicPartitionKey] | None) -> None:
+        commit_watermarks(self.consumer, self.marks, only)
+
+    def _not_ready(self) -> str | None:
+        if self._consumer is None:
+            return "joining the consumer group"
+        if self.stopping:
+            return "draining"
+        if not self._consumer.assignment():
+            return "no partitions assigned"
+        return None
+
+    # -- rebalance callbacks (librdkafka calls them from inside poll) ------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        keys = self._rebalanced("assign", partitions)
+        self._handler.assigned(keys)
+        self._assigned.update(keys)
+        self.touch()
+        if self.paused:
+            consumer.pause(partitions)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """1. the service makes the revoked partitions' work durable; 2. what is
+        finished of them is committed, never past unfinished work (records still
+        running are reprocessed by the next owner; the sink drops the duplicates);
+        3. their watermarks are forgotten, so late completions are ignored."""
+        keys = self._rebalanced("revoke", partitions)
+        self._handler.revoked(keys)
+        self.commit(only=set(keys))
+        self._forget(keys)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        keys = self._rebalanced("lost", partitions)
+        log.warning("lost %s without a chance to commit", keys)
+        self._handler.lost(keys)
+        self._forget(keys)
+
+    def _rebalanced(self, kind: str, partitions: list[TopicPartition]) -> list[TopicPartitionKey]:
+        keys = [(p.topic, p.partition) for p in partitions]
+        if kind != "lost":
+            log.info("%s %s", "assigned" if kind == "assign" else "revoked", keys)
+        self._metrics.rebalances.labels(kind).inc()
+        return keys
+
+    def _forget(self, keys: list[TopicPartitionKey]) -> None:
+        for key in keys:
+            self._assigned.discard(key)
+            self.marks.forget(key)

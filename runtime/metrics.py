@@ -1,0 +1,26 @@
+"""Prometheus metrics every consumer-group member has, named per service
+(``hsx_extractor_consumer_lag``, ``hsx_sink_consumer_lag``, ...)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+from prometheus_client import Counter, Gauge, Histogram
+
+
+@dataclass(frozen=True)
+class MemberMetrics:
+    rebalances: Counter
+    commit_seconds: Histogram
+    lag: Gauge
+
+
+@cache  # a metric may be registered once per process
+def member_metrics(service: str) -> MemberMetrics:
+    prefix = f"hsx_{service}"
+    return MemberMetrics(
+        rebalances=Counter(f"{prefix}_rebalances", "Partition assignments, revocations and losses", ["kind"]),
+        commit_seconds=Histogram(f"{prefix}_commit_seconds", "Offset commit latency"),
+        lag=Gauge(f"{prefix}_consumer_lag", "Records behind the end of the partition", ["topic", "partition"]),
+    )

@@ -1,0 +1,28 @@
+"""The sink service's options (the command line reads its defaults here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    output: Path
+    group_id: str = "hsx-sink"
+    dataset: str | None = None
+    """Name used in the deterministic ready-event ids (default: the output folder's name)."""
+    max_shard_bytes: int = 1 << 30
+    max_shard_samples: int = 10_000
+    max_shard_age: float = 60.0
+    max_buffer_bytes: int = 2 << 30
+    """Bytes held in memory (blocks awaiting manifests + open shards); partitions
+    pause above it."""
+    incomplete_timeout: float = 600.0
+    session_timeout_ms: int = 10_000
+    commit_interval: float = 1.0
+    exit_when_idle: float | None = None
+    exactly_once: bool = False
+    """Publish ready events and commit offsets in one Kafka transaction."""
+    health_port: int | None = None
+    """Serve /healthz, /readyz and /metrics here (0: any free port; None: off)."""

@@ -1,0 +1,133 @@
+"""The consumer-group member both services share, and the one dead-letter path,
+against the real broker."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from runtime.errors import Rejection, ServiceFailed
+from runtime.kafka import consumer_config, ensure_topics, make_producer
+from runtime.kafka.dead_letters import DeadLetters
+from runtime.kafka.drain import drain
+from runtime.kafka.member import GroupMember
+from runtime.kafka.watermarks import TopicPartitionKey
+from runtime.settings import KafkaSettings, TopicSettings
+from schemas import DlqHeaders, ErrorClass
+
+pytestmark = pytest.mark.integration
+
+
+class Recorder:
+    """A PartitionHandler that remembers what the member told it, and when."""
+
+    def __init__(self, member_ref: list[GroupMember]) -> None:
+        self.calls: list[tuple[str, list[TopicPartitionKey]]] = []
+        self._member = member_ref
+
+    def assigned(self, partitions: list[TopicPartitionKey]) -> None:
+        self.calls.append(("assigned", partitions))
+
+    def revoked(self, partitions: list[TopicPartitionKey]) -> None:
+        # The work of the revoked partitions becomes durable here: the member must
+        # commit it right after, before the partitions move on.
+        for tp in partitions:
+            self._member[0].done(tp, 2)
+        self.calls.append(("revoked", partitions))
+
+    def lost(self, partitions: list[TopicPartitionKey]) -> None:
+        self.calls.append(("lost", partitions))
+
+
+def _topic(kafka: KafkaSettings, records: int) -> str:
+    topic = f"member-{uuid.uuid4().hex[:8]}"
+    ensure_topics(kafka, TopicSettings(partitions=1), [topic])
+    producer = make_producer(kafka)
+    for i in range(records):
+        producer.produce(topic, value=str(i).encode())
+    assert producer.flush(30) == 0
+    return topic
+
+
+def _committed(kafka: KafkaSettings, group: str, topic: str) -> int:
+    consumer = Consumer(consumer_config(kafka, group))
+    try:
+        return consumer.committed([TopicPartition(topic, 0)], timeout=10)[0].offset
+    finally:
+        consumer.close()
+
+
+def test_member_commits_up_to_the_first_unfinished_record_and_on_revoke(kafka: KafkaSettings) -> None:
+    topic, group = _topic(kafka, 6), f"g-{uuid.uuid4().hex[:8]}"
+    ref: list[GroupMember] = []
+    handler = Recorder(ref)
+    member = GroupMember(kafka, group, topic, "test_member", handler,
+                         consumer_overrides={"session.timeout.ms": 6000}, commit_interval=3600)
+    ref.append(member)
+    member.subscribe()
+    seen = []
+    deadline = time.monotonic() + 30
+    while len(seen) < 6 and time.monotonic() < deadline:
+        seen += member.poll(10, timeout=0.2)
+    assert [m.offset() for m in seen] == list(range(6))
+    assert handler.calls == [("assigned", [(topic, 0)])]
+
+    for offset in (0, 1, 3, 4, 5):  # offset 2 is still being worked on
+        member.done((topic, 0), offset)
+    member.commit()
+    assert _committed(kafka, group, topic) == 2
+
+    member.close()  # leaving the group revokes: the handler finishes offset 2, the member commits it
+    assert handler.calls[-1] == ("revoked", [(topic, 0)])
+    assert _committed(kafka, group, topic) == 6
+
+
+def test_member_stops_when_idle_but_not_while_busy(kafka: KafkaSettings) -> None:
+    topic = _topic(kafka, 0)
+    member = GroupMember(kafka, f"g-{uuid.uuid4().hex[:8]}", topic, "test_member",
+                         consumer_overrides={"session.timeout.ms": 6000}, exit_when_idle=0.3)
+    member.subscribe()
+    try:
+        time.sleep(0.4)
+        member.tick(busy=True)
+        assert not member.stopping
+        time.sleep(0.4)
+        member.tick()
+        assert member.stopping
+    finally:
+        member.close()
+
+
+def test_dead_letters_carry_the_rejection_and_count_as_done_when_acked(kafka: KafkaSettings) -> None:
+    topic = _topic(kafka, 0)
+    letters = DeadLetters(make_producer(kafka), "extractor")
+    acked: list[bool] = []
+    letters.send(topic, Rejection(ErrorClass.PROMPT_TOO_LONG, "900 tokens; at most 511 fit"), b"original", b"r-1",
+                 lambda: acked.append(True), source_topic="prompts", source_partition=1, source_offset=7)
+    letters.producer.flush(30)
+    assert acked == [True]
+    letters.check()
+    [record] = drain(kafka, topic, expected=1)
+    headers = DlqHeaders.from_kafka(record.headers())
+    assert (record.value(), record.key()) == (b"original", b"r-1")
+    assert headers.error_class is ErrorClass.PROMPT_TOO_LONG and headers.source_offset == 7
+    assert headers.service == "extractor" and "900 tokens" in headers.error_message
+
+
+def test_a_lost_dead_letter_is_fatal() -> None:
+    """The documented policy: the service is told at once and must stop without
+    committing the record behind the letter."""
+    producer = make_producer(KafkaSettings(bootstrap="127.0.0.1:1"), **{"delivery.timeout.ms": 1000})
+    lost: list[ServiceFailed] = []
+    letters = DeadLetters(producer, "sink", on_lost=lost.append)
+    acked: list[bool] = []
+    letters.send("blocks.dlq", Rejection(ErrorClass.CORRUPT_BLOCK, "bad"), b"x", None, lambda: acked.append(True),
+                 source_topic="blocks", source_partition=0, source_offset=3)
+    producer.flush(10)
+    assert not acked
+    assert len(lost) == 1 and "blocks.dlq" in str(lost[0])
+    with pytest.raises(ServiceFailed, match="dead-letter topic blocks.dlq unreachable"):
+        letters.check()
