@@ -70,5 +70,5 @@ class Attempts:
             log.warning("extraction of %s failed (%s)%s", event.request_id, reason, "; retrying" if retrying else "",
                         extra=record_fields(event.request_id, source.topic, source.partition, source.offset))
             if retrying:
-                self._stats.retried()
+                self._stats.add("retries")
         return Rejection(ErrorClass.EXTRACTION_FAILED, reason)

@@ -13,7 +13,7 @@ from extractor.engine import EngineOptions, default_layer_ids, text_config
 from extractor.options import ExtractorOptions
 from extractor.service import Extractor
 from runtime.errors import UsageError
-from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
+from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, from_args, overrides
 from runtime.logs import redact_secrets
 from schemas import Codec
 from schemas.connector import ConnectorConfig
@@ -95,40 +95,18 @@ def options_from_args(args: argparse.Namespace) -> tuple[EngineOptions, Connecto
     layers = args.layers or default_layer_ids(config.num_hidden_layers)
     if max(layers) > config.num_hidden_layers:
         raise UsageError(f"layer ids go up to num_hidden_layers = {config.num_hidden_layers}, got {layers}")
-    engine = EngineOptions(
-        model=args.model,
-        layer_ids=layers,
-        dtype=args.dtype,
-        max_model_len=args.max_model_len,
-        tensor_parallel_size=args.tensor_parallel_size,
-        data_parallel_size=args.data_parallel_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        enforce_eager=args.enforce_eager,
-        engine_args=dict(args.engine_arg),
-    )
+    engine = from_args(EngineOptions, args, layer_ids=layers, engine_args=dict(args.engine_arg))
     # One request of max_model_len tokens must always fit the in-flight budget
     # (4 bytes per element bounds every supported dtype).
     largest = args.max_model_len * len(layers) * config.hidden_size * 4
-    connector = ConnectorConfig(
+    connector = from_args(
+        ConnectorConfig, args,
         completion_address="ipc://set-by-the-extractor",
         blocks_topic=TopicSettings(**overrides(blocks=args.blocks_topic)).blocks,
         model=args.model_name or Path(args.model).name,
-        codec=args.codec,
-        codec_level=args.codec_level,
-        block_bytes=args.block_bytes,
-        compress_threads=args.compress_threads,
         max_inflight_bytes=max(args.max_inflight_bytes, largest),
     )
-    service = ExtractorOptions(
-        group_id=args.group,
-        max_inflight=args.max_inflight,
-        max_attempts=args.max_attempts,
-        session_timeout_ms=args.session_timeout_ms,
-        exit_when_idle=args.exit_when_idle,
-        stall_timeout=args.stall_timeout,
-        health_port=args.health_port,
-    )
+    service = from_args(ExtractorOptions, args, group_id=args.group)
     return engine, connector, service
 
 

@@ -64,7 +64,6 @@ class Extractor:
             commit_interval=options.commit_interval, exit_when_idle=options.exit_when_idle,
         )
         self._tasks: set[asyncio.Task[None]] = set()
-        self._fatal: BaseException | None = None
         self._last_progress = time.monotonic()
         self._engine_ready = False
 
@@ -95,8 +94,7 @@ class Extractor:
             finally:
                 self._close()
                 await self._completions.close()
-        if self._fatal is not None:
-            raise ServiceFailed(str(self._fatal)) from self._fatal
+        self.member.raise_if_failed()
         log.info("extractor finished: %s", self.stats.describe())
         return self.stats
 
@@ -135,7 +133,7 @@ class Extractor:
 
     async def _drain(self) -> None:
         self.member.pause(True)
-        if self._tasks and self._fatal is None:  # after a fatal error they would never finish
+        if self._tasks and self.member.fatal is None:  # after a fatal error they would never finish
             await asyncio.wait(list(self._tasks), timeout=self.options.drain_timeout)
         self._dead_letters.producer.flush(30)
         self.member.commit()
@@ -148,10 +146,7 @@ class Extractor:
 
     def _fail(self, error: BaseException) -> None:
         """Stop without committing anything unfinished; a restart reprocesses it."""
-        if self._fatal is None:
-            self._fatal = error
-            log.error("fatal: %s", error)
-        self.member.stopping = True
+        self.member.fail(error)
         self._completions.fail_all(error)
 
     # -- per record ---------------------------------------------------------------------------
@@ -194,7 +189,7 @@ class Extractor:
         tp, offset = (message.topic(), message.partition()), message.offset()
 
         def acked() -> None:
-            self.stats.dead_lettered_one(rejection.error_class)
+            self.stats.add("dead_lettered", label=rejection.error_class.value)
             self.member.done(tp, offset)
 
         self._dead_letters.send(self.topics.prompts_dlq, rejection, message.value(), message.key(), acked,

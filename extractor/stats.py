@@ -1,37 +1,31 @@
-"""The extractor's one stats recorder: every count lands in the final statistics
-(``--stats-file``, the closing log line) and in Prometheus at the same time."""
+"""The extractor's one stats recorder (see :mod:`runtime.stats`)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Gauge
 
-from schemas import ErrorClass
+from runtime.stats import Recorder, counted
 from schemas.connector import CompletionReport
 
-_PROMPTS = Counter("hsx_extractor_prompts", "Prompts whose records Kafka acknowledged")
-_TOKENS = Counter("hsx_extractor_tokens", "Prompt tokens whose hidden states were sent")
 _IN_FLIGHT = Gauge("hsx_extractor_prompts_in_flight", "Prompts consumed but not finished")
-_RAW_BYTES = Counter("hsx_extractor_block_raw_bytes", "Hidden-state bytes before compression")
-_COMPRESSED_BYTES = Counter("hsx_extractor_block_compressed_bytes", "Hidden-state bytes after compression")
-_DEAD_LETTERS = Counter("hsx_extractor_dead_letters", "Prompts sent to the DLQ", ["error_class"])
-_RETRIES = Counter("hsx_extractor_retries", "Extraction attempts retried")
 
 
 @dataclass
-class ExtractorStats:
-    prompts_done: int = 0
-    tokens: int = 0
-    raw_bytes: int = 0
-    compressed_bytes: int = 0
-    dead_lettered: int = 0
-    retries: int = 0
+class ExtractorStats(Recorder):
+    service: ClassVar[str] = "extractor"
+
+    prompts_done: int = counted("Prompts whose records Kafka acknowledged", metric="prompts")
+    tokens: int = counted("Prompt tokens whose hidden states were sent")
+    raw_bytes: int = counted("Hidden-state bytes before compression", metric="block_raw_bytes")
+    compressed_bytes: int = counted("Hidden-state bytes after compression", metric="block_compressed_bytes")
+    dead_lettered: int = counted("Prompts sent to the DLQ", metric="dead_letters", label="error_class")
+    retries: int = counted("Extraction attempts retried")
     first_prompt_at: float | None = None
     last_done_at: float | None = None
-
-    # -- recording ---------------------------------------------------------------------------
 
     def consumed(self) -> None:
         if self.first_prompt_at is None:
@@ -42,25 +36,11 @@ class ExtractorStats:
 
     def extracted(self, report: CompletionReport) -> None:
         """One prompt's records are all acknowledged by Kafka."""
-        self.prompts_done += 1
-        self.tokens += report.num_tokens
-        self.raw_bytes += report.raw_bytes
-        self.compressed_bytes += report.compressed_bytes
+        self.add("prompts_done")
+        self.add("tokens", report.num_tokens)
+        self.add("raw_bytes", report.raw_bytes)
+        self.add("compressed_bytes", report.compressed_bytes)
         self.last_done_at = time.monotonic()
-        _PROMPTS.inc()
-        _TOKENS.inc(report.num_tokens)
-        _RAW_BYTES.inc(report.raw_bytes)
-        _COMPRESSED_BYTES.inc(report.compressed_bytes)
-
-    def retried(self) -> None:
-        self.retries += 1
-        _RETRIES.inc()
-
-    def dead_lettered_one(self, error_class: ErrorClass) -> None:
-        self.dead_lettered += 1
-        _DEAD_LETTERS.labels(error_class.value).inc()
-
-    # -- reporting ---------------------------------------------------------------------------
 
     @property
     def busy_seconds(self) -> float:

@@ -3,13 +3,16 @@ passed as constructor arguments, which take precedence over the environment."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import fields
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import Field, SecretStr, create_model
+from pydantic import BaseModel, Field, SecretStr, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import PromptLimits, Topics
+
+T = TypeVar("T")
 
 
 class KafkaSettings(BaseSettings):
@@ -107,3 +110,12 @@ def overrides(**flags: Any) -> dict[str, Any]:
     """Command-line values that were actually given (not ``None``), ready to be
     passed to a settings constructor so that flags win over the environment."""
     return {k: v for k, v in flags.items() if v is not None}
+
+
+def from_args(cls: type[T], args: argparse.Namespace, **values: Any) -> T:
+    """``cls`` (a dataclass or pydantic model) built from the command-line values
+    whose flags are named like its fields, then ``values``: the flags' defaults
+    come from ``cls``, so each default is written once."""
+    names = cls.model_fields if issubclass(cls, BaseModel) else {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    picked = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    return cls(**{**picked, **values})

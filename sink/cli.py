@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from runtime.settings import KafkaSettings, TopicSettings, overrides
+from runtime.settings import KafkaSettings, TopicSettings, from_args, overrides
 from runtime.logs import redact_secrets
 from sink.options import SinkOptions
 from sink.service import Sink
@@ -46,13 +46,7 @@ def run(args: argparse.Namespace) -> int:
     kafka = KafkaSettings(**overrides(bootstrap=args.bootstrap))
     redact_secrets(kafka.secret_values())
     topics = TopicSettings(**overrides(blocks=args.topic, ready=args.ready_topic, blocks_dlq=args.dlq_topic))
-    options = SinkOptions(
-        output=args.output, group_id=args.group, dataset=args.dataset_name, max_shard_bytes=args.max_shard_bytes,
-        max_shard_samples=args.max_shard_samples, max_shard_age=args.max_shard_age,
-        max_buffer_bytes=args.max_buffer_bytes, incomplete_timeout=args.incomplete_timeout,
-        session_timeout_ms=args.session_timeout_ms, exit_when_idle=args.exit_when_idle,
-        exactly_once=args.exactly_once, health_port=args.health_port,
-    )
+    options = from_args(SinkOptions, args, group_id=args.group, dataset=args.dataset_name)
     stats = Sink(kafka, topics, options).run()
     print(f"sink: {stats.describe()}")
     if args.stats_file:

@@ -15,7 +15,7 @@ import time
 
 from confluent_kafka import Message
 
-from runtime.errors import Rejection, ServiceFailed
+from runtime.errors import Rejection
 from runtime.kafka import ensure_topics, make_producer
 from runtime.kafka.config import MAX_MESSAGE_BYTES
 from runtime.kafka.dead_letters import DeadLetters
@@ -59,7 +59,6 @@ class Sink:
             commit_interval=options.commit_interval, exit_when_idle=options.exit_when_idle,
         )
         self._partitions: dict[TopicPartitionKey, PartitionState] = {}
-        self._fatal: ServiceFailed | None = None
 
     def run(self) -> SinkStats:
         """Run until stopped (SIGTERM/SIGINT, idle timeout); flush, commit, leave.
@@ -69,7 +68,7 @@ class Sink:
         ensure_topics(self.kafka, self.topic_settings, [self.topics.blocks, self.topics.blocks_dlq, self.topics.ready])
         self.member.serve_health(self.options.health_port, lambda: None, lambda: f"{len(self._partitions)} partitions")
         producer = make_producer(self.kafka)
-        self._dead_letters = DeadLetters(producer, "sink", on_lost=self._fail)
+        self._dead_letters = DeadLetters(producer, "sink", on_lost=self.member.fail)
         self._ready = ReadyPublisher(self.kafka, producer, self.topics.ready, self.member.marks,
                                      self.options.group_id if self.options.exactly_once else None)
         self.member.subscribe(commit=self._ready.commit)
@@ -82,21 +81,13 @@ class Sink:
         finally:
             self.member.close()
             producer.flush(30)
-        if self._fatal is not None:
-            raise self._fatal
+        self.member.raise_if_failed()
         log.info("sink finished: %s", self.stats.describe())
         return self.stats
 
     def stop(self) -> None:
         log.info("stopping: flushing open shards")
         self.member.stop()
-
-    def _fail(self, error: ServiceFailed) -> None:
-        """Stop fetching; what is durable is still committed, nothing past the lost record."""
-        if self._fatal is None:
-            self._fatal = error
-            log.error("fatal: %s", error)
-        self.member.stopping = True
 
     def _loop(self) -> None:
         while not self.member.stopping:
@@ -162,7 +153,7 @@ class Sink:
 
     def _drop_duplicate(self, state: PartitionState, sample: Sample) -> None:
         request_id = sample.manifest.request_id
-        self.stats.duplicate()
+        self.stats.add("duplicates")
         log.info("duplicate of %s dropped (attempt %s)", request_id, sample.manifest.attempt_id,
                  extra=record_fields(request_id, state.topic, state.partition, sample.manifest_offset))
         if request_id in state.seen:
@@ -172,7 +163,7 @@ class Sink:
 
     def _reject(self, state: PartitionState, rejected: Rejected) -> None:
         """Dead-letter ``rejected``; its records are done once Kafka has the letter."""
-        self.stats.rejected_one(rejected.error_class)
+        self.stats.add("rejected", label=rejected.error_class.value)
         key = rejected.request_id.encode() if rejected.request_id else None
         self._dead_letters.send(
             self.topics.blocks_dlq, Rejection(rejected.error_class, rejected.reason), rejected.value, key,
@@ -203,7 +194,7 @@ class Sink:
 
     def _publish(self, state: PartitionState, events: list[HiddenStatesReady], offsets: list[int]) -> None:
         self._ready.publish(events, lambda: self._done(state, offsets))
-        self.stats.published(len(events))
+        self.stats.add("ready_events", len(events))
 
     def _republish_duplicates(self) -> None:
         for state in self._partitions.values():

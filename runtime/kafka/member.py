@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from runtime.errors import ServiceFailed
 from runtime.health import HealthServer
 from runtime.kafka.commits import commit_watermarks, partition_lag
 from runtime.kafka.config import consumer_config
@@ -83,6 +84,7 @@ class GroupMember:
         self.marks = Watermarks()
         self.stopping = False
         self.paused = False
+        self.fatal: BaseException | None = None
         self.health: HealthServer | None = None
         self._kafka = kafka
         self._group_id = group_id
@@ -135,6 +137,19 @@ class GroupMember:
         if not self.stopping:
             log.info("stopping: draining")
         self.stopping = True
+
+    def fail(self, error: BaseException) -> None:
+        """Stop at once: the service cannot go on safely. It still commits what is
+        finished, never past the failure; a restart reprocesses the rest."""
+        if self.fatal is None:
+            self.fatal = error
+            log.error("fatal: %s", error)
+        self.stopping = True
+
+    def raise_if_failed(self) -> None:
+        """After the drain: raise :class:`ServiceFailed` if :meth:`fail` was called."""
+        if self.fatal is not None:
+            raise ServiceFailed(str(self.fatal)) from self.fatal
 
     def close(self) -> None:
         """Leave the group (partitions move on at once) and stop the health server."""
