@@ -1,5 +1,5 @@
-"""The consumer-group member both services share, and the one dead-letter path,
-against the real broker."""
+"""The consumer-group member both services share, the one dead-letter path, and
+the sink's ready-event publisher (plain and transactional), against the real broker."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import OFFSET_INVALID, Consumer, TopicPartition
 
 from runtime.errors import Rejection, ServiceFailed
 from runtime.kafka import consumer_config, ensure_topics, make_producer
@@ -16,7 +16,8 @@ from runtime.kafka.drain import drain
 from runtime.kafka.member import GroupMember
 from runtime.kafka.watermarks import TopicPartitionKey
 from runtime.settings import KafkaSettings, TopicSettings
-from schemas import DlqHeaders, ErrorClass
+from schemas import DlqHeaders, DType, ErrorClass, HiddenStatesReady, TensorNames, ready_event_id
+from sink.ready import ReadyPublisher
 
 pytestmark = pytest.mark.integration
 
@@ -131,3 +132,41 @@ def test_a_lost_dead_letter_is_fatal() -> None:
     assert len(lost) == 1 and "blocks.dlq" in str(lost[0])
     with pytest.raises(ServiceFailed, match="dead-letter topic blocks.dlq unreachable"):
         letters.check()
+
+
+def _ready_event(request_id: str) -> HiddenStatesReady:
+    return HiddenStatesReady(
+        event_id=ready_event_id("ds", request_id), request_id=request_id, shard="shards/t-0-0.safetensors",
+        tensors=TensorNames(hidden_states=f"{request_id}/hidden_states", token_ids=f"{request_id}/token_ids"),
+        num_tokens=5, layer_ids=[1], dtype=DType.FLOAT32, hidden_size=8, model="tiny", checksum="crc32:00000001")
+
+
+@pytest.mark.parametrize("transactional", [False, True], ids=["plain", "exactly-once"])
+def test_ready_events_make_their_records_committable(kafka: KafkaSettings, transactional: bool) -> None:
+    blocks, ready, group = _topic(kafka, 3), _topic(kafka, 0), f"g-{uuid.uuid4().hex[:8]}"
+    member = GroupMember(kafka, group, blocks, "test_member", consumer_overrides={"session.timeout.ms": 6000},
+                         commit_interval=3600)
+    publisher = ReadyPublisher(kafka, make_producer(kafka), ready, member.marks, group if transactional else None)
+    member.subscribe(commit=publisher.commit)
+    publisher.bind(member.consumer)
+    try:
+        records = []
+        deadline = time.monotonic() + 30
+        while len(records) < 3 and time.monotonic() < deadline:
+            records += member.poll(10, timeout=0.2)
+        assert len(records) == 3
+
+        def done() -> None:
+            for offset in range(3):
+                member.done((blocks, 0), offset)
+
+        publisher.publish([_ready_event("r-1"), _ready_event("r-2")], done)
+        # Exactly-once commits the offsets in the events' transaction; plain mode
+        # leaves them to the member's next commit.
+        assert _committed(kafka, group, blocks) == (3 if transactional else OFFSET_INVALID)
+        member.commit()
+        assert _committed(kafka, group, blocks) == 3
+        events = [HiddenStatesReady.model_validate_json(r.value()) for r in drain(kafka, ready, expected=2)]
+        assert sorted(e.request_id for e in events) == ["r-1", "r-2"]
+    finally:
+        member.close()
