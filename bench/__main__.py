@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 
 from bench import report
+from hsx.dev.spawn import cpu_engine_env
 
 SECTIONS = ["stages", "extraction", "pipeline"]
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,10 +120,7 @@ def main() -> None:
         args.doc.write_text(report.render(json.loads(args.out.read_text())))
         return
 
-    env = dict(os.environ)
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    env["HF_HUB_OFFLINE"] = "1"
+    env = cpu_engine_env()
     preload = ""
     if args.preload == "iomp":
         lib = Path(sys.prefix) / "lib" / "libiomp5.so"

@@ -32,9 +32,10 @@ from bench.prompts import prompt_of_length, workload
 from extractor.completion import CompletionReceiver
 from extractor.engine import Engine, EngineOptions, default_layer_ids, engine_args, text_config
 from hsx import models
+from hsx.dev.topics import fresh_topic_settings
 from runtime.broker import dev_bootstrap
 from runtime.kafka import ensure_topics
-from runtime.settings import KafkaSettings, TopicSettings
+from runtime.settings import KafkaSettings
 from schemas import SourceRef
 from schemas.connector import ConnectorConfig, RequestParams
 
@@ -134,8 +135,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
     results: dict[str, object] = {}
     with dev_bootstrap() as bootstrap, tempfile.TemporaryDirectory() as tmp:
         kafka = KafkaSettings(bootstrap=bootstrap)
-        topic = f"bench.blocks-{uuid.uuid4().hex[:6]}"
-        ensure_topics(kafka, TopicSettings(partitions=1), [topic])
+        topic_settings = fresh_topic_settings("bench.", partitions=1)
+        topic = topic_settings.blocks
+        ensure_topics(kafka, topic_settings, [topic])
         os.environ["HSX_KAFKA_BOOTSTRAP"] = bootstrap  # the connector reads it in vLLM's processes
         completions = CompletionReceiver(Path(tmp))
         completions.start()

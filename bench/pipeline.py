@@ -31,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import orjson
@@ -39,71 +38,20 @@ import psutil
 
 from bench.prompts import workload
 from hsx import models
-from hsx.demo import spawn_hsx
+from hsx.dev.commands import extract_command, sink_command
+from hsx.dev.spawn import HsxService, cpu_engine_env
+from hsx.dev.topics import fresh_topics
 from producer.publisher import Mapping, Publisher
 from producer.sources import read_jsonl
-from runtime.broker import dev_bootstrap, free_port
-from runtime.kafka import DeliveryTracker, ensure_topics, make_producer
-from runtime.settings import KafkaSettings, TopicSettings
-from tests.http_helpers import metric
+from runtime.broker import dev_bootstrap
+from runtime.kafka import DeliveryTracker, make_producer
+from runtime.settings import KafkaSettings
 
 MODEL = "smollm2-135m-instruct"
 PIPELINE_LONG = [256, 384, 512, 768]
 EXTRACTED = "hsx_extractor_prompts_total"
 READY = "hsx_sink_ready_events_total"
-
-
-class Service:
-    """One ``hsx`` child process with its operations port."""
-
-    def __init__(self, name: str, args: list[str], logs: Path, **env: str) -> None:
-        self.name = name
-        self.port = free_port()
-        self.stats = logs / f"{name}-stats.json"
-        self.process = spawn_hsx([*args, "--health-port", str(self.port), "--stats-file", str(self.stats)],
-                                 logs / f"{name}.log", **env)
-
-    def counter(self, name: str) -> float:
-        if self.process.poll() is not None:
-            raise RuntimeError(f"{self.name} exited with {self.process.returncode}; see its log")
-        try:
-            return metric(self.port, name)
-        except (OSError, StopIteration):
-            return 0.0  # not serving yet
-
-    def cpu_seconds(self) -> float:
-        """CPU time used so far by the process and its descendants."""
-        try:
-            root = psutil.Process(self.process.pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return 0.0
-        total = 0.0
-        for p in procs:
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.NoSuchProcess:
-                pass
-        return total
-
-    def rss(self) -> int:
-        """Resident bytes of the process and all its descendants."""
-        try:
-            root = psutil.Process(self.process.pid)
-            return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
-        except psutil.NoSuchProcess:
-            return 0
-
-    def stop(self, timeout: float = 300) -> dict:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)  # drain: finish, flush, commit
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            raise
-        return orjson.loads(self.stats.read_bytes()) if self.stats.exists() else {}
+DRAIN_S = 300  # how long a service may take to stop after SIGTERM
 
 
 def broker_cpu_seconds() -> float:
@@ -119,16 +67,16 @@ def broker_cpu_seconds() -> float:
     return total
 
 
-def py_spy(service: Service, out: Path) -> subprocess.Popen[bytes]:
+def py_spy(service: HsxService, out: Path) -> subprocess.Popen[bytes]:
     """``py-spy record`` of a service and its children (vLLM's engine core and
     worker), collapsed stacks with thread names, until SIGINT."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(service.process.pid),
+    return subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(service.pid),
                              "--subprocesses", "--threads", "--nonblocking", "--rate", "50", "--format", "raw",
                              "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
-def wait_until(services: list[Service], name: str, target: float, timeout: float = 1800,
+def wait_until(services: list[HsxService], name: str, target: float, timeout: float = 1800,
                sample=None) -> float:  # type: ignore[no-untyped-def]
     """Poll ``name`` (summed over ``services``) until it reaches ``target``; returns the time."""
     deadline = time.monotonic() + timeout
@@ -144,22 +92,14 @@ def wait_until(services: list[Service], name: str, target: float, timeout: float
 
 class Bench:
     def __init__(self, bootstrap: str, work: Path, model_dir: Path, tokenizer) -> None:  # type: ignore[no-untyped-def]
-        suffix = uuid.uuid4().hex[:8]
         self.kafka = KafkaSettings(bootstrap=bootstrap)
-        self.topic_settings = TopicSettings(
-            prompts=f"bench.prompts-{suffix}", prompts_dlq=f"bench.prompts.dlq-{suffix}",
-            blocks=f"bench.blocks-{suffix}", blocks_dlq=f"bench.blocks.dlq-{suffix}", ready=f"bench.ready-{suffix}",
-            partitions=2)
-        self.topics = self.topic_settings.topics()
-        t = self.topics
-        ensure_topics(self.kafka, self.topic_settings, [t.prompts, t.prompts_dlq, t.blocks, t.blocks_dlq, t.ready])
+        self.topic_settings = fresh_topics(self.kafka, prefix="bench.")
         self.work = work
         self.model_dir = model_dir
         self.tokenizer = tokenizer
-        self.publisher = Publisher(DeliveryTracker(make_producer(self.kafka)), t, Mapping())
+        self.publisher = Publisher(DeliveryTracker(make_producer(self.kafka)), self.topic_settings.topics(), Mapping())
         self.published = 0
         self.sunk = 0  # samples written by sinks that have exited
-        self.common = ["--bootstrap", bootstrap, "--session-timeout-ms", "6000"]
         self.sinks = 0
 
     def publish(self, prompts: list[list[int]], tag: str) -> None:
@@ -168,24 +108,23 @@ class Bench:
         assert summary.sent == len(prompts), summary.describe()
         self.published += len(prompts)
 
-    def extractor(self, name: str, **env: str) -> Service:
-        t = self.topics
-        return Service(name, ["extract", *self.common, "--model", str(self.model_dir), "--dtype", "float32",
-                              "--enforce-eager", "--max-model-len", "2048", "--topic", t.prompts, "--blocks-topic",
-                              t.blocks, "--dlq-topic", t.prompts_dlq, "--group", "bench-extractor"], self.work, **env)
+    def extractor(self, name: str, **env: str) -> HsxService:
+        """A running extractor; ``env`` over :func:`cpu_engine_env`."""
+        command = extract_command(self.kafka.bootstrap, self.topic_settings, self.model_dir, "--max-model-len", "2048",
+                                  group="bench-extractor")
+        return HsxService(name, command, self.work, env=cpu_engine_env(**env), stats=True).start()
 
-    def sink(self, nice: int = 0) -> Service:
-        t = self.topics
+    def sink(self, nice: int = 0) -> HsxService:
+        """A running sink (``sink-1``, ``sink-2``, ...)."""
         self.sinks += 1
-        service = Service(f"sink-{self.sinks}", ["sink", *self.common, "--output", str(self.work / "dataset"),
-                                              "--topic", t.blocks, "--ready-topic", t.ready, "--dlq-topic",
-                                              t.blocks_dlq, "--group", "bench-sink", "--max-shard-age", "0.5",
-                                              "--max-shard-samples", "64"], self.work)
+        command = sink_command(self.kafka.bootstrap, self.topic_settings, self.work / "dataset", "--max-shard-age",
+                               "0.5", "--max-shard-samples", "64", group="bench-sink")
+        service = HsxService(f"sink-{self.sinks}", command, self.work, stats=True).start()
         if nice:
-            psutil.Process(service.process.pid).nice(nice)
+            psutil.Process(service.pid).nice(nice)
         return service
 
-    def extract_round(self, extractors: list[Service], prompts: list[list[int]], tag: str,
+    def extract_round(self, extractors: list[HsxService], prompts: list[list[int]], tag: str,
                       timeout: float = 1800) -> float:
         target = sum(e.counter(EXTRACTED) for e in extractors) + len(prompts)
         cpu = [sum(e.cpu_seconds() for e in extractors), broker_cpu_seconds()]
@@ -196,7 +135,7 @@ class Bench:
         self.last_extract = {f"cpu_{k}_s": round(b - a, 2) for k, a, b in zip(("extractor", "broker"), cpu, used)}
         return seconds
 
-    def e2e_round(self, extractor: Service, prompts: list[list[int]], tag: str, sample=None,  # type: ignore[no-untyped-def]
+    def e2e_round(self, extractor: HsxService, prompts: list[list[int]], tag: str, sample=None,  # type: ignore[no-untyped-def]
                   profile: Path | None = None, nice: int = 0) -> tuple[float, dict]:
         sink = self.sink(nice)
         wait_until([extractor], EXTRACTED, self.published)  # nothing of earlier rounds still extracting
@@ -220,12 +159,13 @@ class Bench:
         for spy in spies:
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=60)
-        stats = sink.stop()
+        sink.stop(DRAIN_S)
+        stats = sink.read_stats()
         self.sunk += int(stats.get("samples", 0))
         return seconds, stats
 
 
-def rss_run(bench: Bench, extractor: Service, tokenizer, count: int, results: dict) -> None:  # type: ignore[no-untyped-def]
+def rss_run(bench: Bench, extractor: HsxService, tokenizer, count: int, results: dict) -> None:  # type: ignore[no-untyped-def]
     """Peak RSS over a long run (short prompts: many requests, few tokens)."""
     from bench.prompts import demo_token_ids
 
@@ -236,7 +176,7 @@ def rss_run(bench: Bench, extractor: Service, tokenizer, count: int, results: di
     def sample() -> None:
         if not samples or time.monotonic() - samples[-1][0] >= 0.5:
             done = extractor.counter(EXTRACTED)
-            samples.append((time.monotonic(), extractor.rss(), sink_box[0].rss() if sink_box else 0))
+            samples.append((time.monotonic(), extractor.rss_bytes(), sink_box[0].rss_bytes() if sink_box else 0))
             progress.append(done)
 
     progress: list[float] = []
@@ -249,7 +189,8 @@ def rss_run(bench: Bench, extractor: Service, tokenizer, count: int, results: di
     bench.publish(many, "rss")
     seconds = wait_until([sink], READY, bench.published - bench.sunk, sample=sample) - start
     sample()
-    bench.sunk += int(sink.stop().get("samples", 0))
+    sink.stop(DRAIN_S)
+    bench.sunk += int(sink.read_stats().get("samples", 0))
     total = len(many)
     for share in (0.1, 0.5, 1.0):
         i = next((k for k, p in enumerate(progress) if p - start_count >= share * total), len(samples) - 1)
@@ -282,7 +223,7 @@ def two_extractors(bench: Bench, prompts: list[list[int]], tokens: int, extract_
         shares = [e.counter(EXTRACTED) - b for e, b in zip(pair, before)]
     finally:
         for e in pair:
-            e.stop()
+            e.stop(DRAIN_S)
     results["two_extractors_tokens_per_s"] = round(tokens / two_s, 1)
     results["one_extractor_tokens_per_s"] = results["pipeline_extract_tokens_per_s"]
     results["two_vs_one_extractors_ratio"] = round(statistics.median(extract_s) / two_s, 3)
@@ -349,7 +290,7 @@ def main_async(args: argparse.Namespace) -> dict[str, object]:
             if not args.skip_rss:
                 rss_run(bench, extractor, tokenizer, rss_prompts, results)
         finally:
-            extractor.stop()
+            extractor.stop(DRAIN_S)
 
         if not args.skip_two:
             try:

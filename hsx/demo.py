@@ -9,40 +9,27 @@ real measurements is printed. Child processes are stopped on exit and on Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
-import uuid
 from importlib import resources
 from pathlib import Path
 
-import orjson
-
 from hsx import models
+from hsx.dev.commands import extract_command, sink_command
+from hsx.dev.spawn import HsxService
+from hsx.dev.topics import fresh_topics
 from hsx.reference import HFReference, max_relative_error
 from producer.publisher import Mapping, Publisher
 from producer.sources import read_jsonl
 from runtime.broker import dev_bootstrap
-from runtime.kafka import DeliveryTracker, ensure_topics, make_producer
+from runtime.kafka import DeliveryTracker, make_producer
 from runtime.kafka.drain import drain
-from runtime.settings import KafkaSettings, TopicSettings
+from runtime.settings import KafkaSettings
 from sink.reader import open_dataset
 
 DEMO_PROMPTS = "demo_prompts.jsonl"
 MODEL = "smollm2-135m-instruct"
-
-
-def cpu_engine_env() -> dict[str, str]:
-    """The environment for vLLM child processes on a CPU development machine: all
-    cores for the engine (vLLM reserves one by default), a 2 GiB KV cache, no hub."""
-    env = dict(os.environ)
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    env["HF_HUB_OFFLINE"] = "1"
-    return env
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,56 +40,34 @@ def run(args: argparse.Namespace) -> int:
     model_dir = models.prepare(names=[MODEL])[MODEL]
     output: Path = args.output
     shutil.rmtree(output, ignore_errors=True)
-    (output / "logs").mkdir(parents=True)
-    suffix = uuid.uuid4().hex[:8]
-    topic_settings = TopicSettings(prompts=f"demo.prompts-{suffix}", prompts_dlq=f"demo.prompts.dlq-{suffix}",
-                                   blocks=f"demo.blocks-{suffix}", blocks_dlq=f"demo.blocks.dlq-{suffix}",
-                                   ready=f"demo.ready-{suffix}", partitions=2)
-    topics = topic_settings.topics()
+    logs = output / "logs"
+    logs.mkdir(parents=True)
     with dev_bootstrap() as bootstrap:
         kafka = KafkaSettings(bootstrap=bootstrap)
-        ensure_topics(kafka, topic_settings, [topics.prompts, topics.prompts_dlq, topics.blocks, topics.blocks_dlq,
-                                              topics.ready])
+        topic_settings = fresh_topics(kafka, prefix="demo.")
+        topics = topic_settings.topics()
         with (resources.files("hsx") / "data" / DEMO_PROMPTS).open("rb") as stream:
             published = Publisher(DeliveryTracker(make_producer(kafka)), topics, Mapping()).publish(
                 read_jsonl(stream, DEMO_PROMPTS))
         print(f"[demo] producer: {published.describe()}", flush=True)
 
-        common = ["--bootstrap", bootstrap, "--session-timeout-ms", "6000"]
-        sink = spawn_hsx(["sink", *common, "--output", str(output), "--topic", topics.blocks, "--ready-topic",
-                          topics.ready, "--dlq-topic", topics.blocks_dlq, "--max-shard-age", "20",
-                          "--stats-file", str(output / "logs/sink-stats.json")], output / "logs/sink.log")
-        started = time.monotonic()
-        extractor = spawn_hsx(["extract", *common, "--model", str(model_dir), "--dtype", "float32", "--enforce-eager",
-                               "--max-model-len", "2048", "--topic", topics.prompts, "--blocks-topic", topics.blocks,
-                               "--dlq-topic", topics.prompts_dlq, "--exit-when-idle", "10",
-                               "--stats-file", str(output / "logs/extractor-stats.json")], output / "logs/extractor.log")
-        try:
-            print("[demo] extractor and sink running (logs in", output / "logs", ")", flush=True)
-            if extractor.wait() != 0:
-                print(f"[demo] FAILED: the extractor exited with {extractor.returncode}", file=sys.stderr)
-                return 1
-            wall = time.monotonic() - started
-            sink.send_signal(signal.SIGTERM)  # drain: write open shards, publish, commit
-            if sink.wait(timeout=300) != 0:
-                print(f"[demo] FAILED: the sink exited with {sink.returncode}", file=sys.stderr)
-                return 1
-        finally:
-            for child in (extractor, sink):
-                if child.poll() is None:
-                    child.kill()
+        sink = HsxService("sink", sink_command(bootstrap, topic_settings, output, "--max-shard-age", "20"), logs,
+                          stats=True)
+        extractor = HsxService("extractor", extract_command(bootstrap, topic_settings, model_dir, "--max-model-len",
+                                                            "2048", "--exit-when-idle", "10"), logs, stats=True)
+        with sink:
+            started = time.monotonic()
+            with extractor:
+                print("[demo] extractor and sink running (logs in", logs, ")", flush=True)
+                if extractor.wait() != 0:
+                    print(f"[demo] FAILED: the extractor exited with {extractor.exited()}", file=sys.stderr)
+                    return 1
+                wall = time.monotonic() - started
+                if sink.stop(timeout=300) != 0:  # drain: write open shards, publish, commit
+                    print(f"[demo] FAILED: the sink exited with {sink.exited()}", file=sys.stderr)
+                    return 1
         ready = len(drain(kafka, topics.ready, expected=published.sent, settle=3.0))
-    extracted = orjson.loads((output / "logs/extractor-stats.json").read_bytes())
-    sunk = orjson.loads((output / "logs/sink-stats.json").read_bytes())
-    return _report(output, model_dir, published.sent, extracted, sunk, ready, wall)
-
-
-def spawn_hsx(args: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
-    """``hsx ARGS`` as a child process (demo, benchmarks), output to ``log``;
-    ``env`` overrides :func:`cpu_engine_env` (e.g. ``VLLM_CPU_OMP_THREADS_BIND``)."""
-    with log.open("wb") as handle:
-        return subprocess.Popen([sys.executable, "-m", "hsx.cli", *args], stdout=handle, stderr=subprocess.STDOUT,
-                                env={**cpu_engine_env(), **env})
+    return _report(output, model_dir, published.sent, extractor.read_stats(), sink.read_stats(), ready, wall)
 
 
 def _report(output: Path, model_dir: Path, sent: int, extracted: dict, sunk: dict, ready: int, wall: float) -> int:

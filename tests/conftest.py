@@ -4,11 +4,11 @@ other's records."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
+from hsx.dev.topics import fresh_topic_settings
 from runtime.broker import dev_bootstrap
 from runtime.settings import KafkaSettings, TopicSettings
 
@@ -29,12 +29,4 @@ def kafka(kafka_bootstrap: str) -> KafkaSettings:
 @pytest.fixture
 def topic_settings() -> TopicSettings:
     """Topic names unique to this test, two partitions each."""
-    suffix = uuid.uuid4().hex[:8]
-    return TopicSettings(
-        prompts=f"prompts-{suffix}",
-        prompts_dlq=f"prompts.dlq-{suffix}",
-        blocks=f"hidden_states.blocks-{suffix}",
-        blocks_dlq=f"hidden_states.blocks.dlq-{suffix}",
-        ready=f"hidden_states.ready-{suffix}",
-        partitions=2,
-    )
+    return fresh_topic_settings(partitions=2)

@@ -3,8 +3,6 @@ reassemble block records."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,23 +10,21 @@ from pathlib import Path
 import torch
 from confluent_kafka import Message
 
-from hsx.demo import cpu_engine_env
+from hsx.dev.commands import extract_command
+from hsx.dev.spawn import HsxService
+from runtime.settings import TopicSettings
 from runtime.tensors import TORCH_DTYPES
 from schemas import Manifest
 from sink.assembler import Assembler, Record, Rejected
 
 
-def run_extractor(bootstrap: str, topics: dict[str, str], model: Path, log_path: Path, *extra: str,
-                  timeout: float = 900) -> subprocess.CompletedProcess[bytes]:
-    """``hsx extract`` until idle, as a user would run it; output goes to ``log_path``."""
-    cmd = [
-        sys.executable, "-m", "hsx.cli", "extract", "--bootstrap", bootstrap,
-        "--topic", topics["prompts"], "--blocks-topic", topics["blocks"], "--dlq-topic", topics["prompts_dlq"],
-        "--group", topics["group"], "--model", str(model), "--dtype", "float32", "--enforce-eager",
-        "--session-timeout-ms", "6000", "--exit-when-idle", "8", *extra,
-    ]
-    with log_path.open("wb") as log:
-        return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=cpu_engine_env(), timeout=timeout, check=False)
+def run_extractor(bootstrap: str, topics: TopicSettings, group: str, model: Path, log_path: Path, *extra: str,
+                  timeout: float = 900) -> int:
+    """``hsx extract`` until idle, as a user would run it; output goes to
+    ``log_path``. Returns the exit status."""
+    command = extract_command(bootstrap, topics, model, "--exit-when-idle", "8", *extra, group=group)
+    with HsxService(log_path.stem, command, log_path.parent) as extractor:
+        return extractor.wait(timeout)
 
 
 @dataclass

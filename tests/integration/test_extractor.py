@@ -3,7 +3,6 @@ as a process), block records decoded and compared with HF transformers."""
 
 from __future__ import annotations
 
-import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,8 +12,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from hsx import models
-from runtime.kafka import ensure_topics
-from runtime.settings import KafkaSettings, TopicSettings
+from hsx.dev.topics import fresh_topics
+from runtime.settings import KafkaSettings
 from schemas import DlqHeaders
 from hsx.reference import HFReference, max_relative_error
 from tests.engine_helpers import Sample, reassemble, run_extractor
@@ -70,6 +69,7 @@ class Run:
     layer_ids: list[int]
     committed: dict[int, int]
     end_offsets: dict[int, int]
+    prompts_topic: str
 
 
 def _publish(kafka: KafkaSettings, topic: str, prompts: list[dict]) -> None:
@@ -106,25 +106,22 @@ def run(request: pytest.FixtureRequest, kafka_bootstrap: str, tmp_path_factory: 
     name, layers = request.param
     model_dir = models.prepare(names=[name])[name]
     kafka = KafkaSettings(bootstrap=kafka_bootstrap)
-    suffix = uuid.uuid4().hex[:8]
-    topics = TopicSettings(prompts=f"p-{suffix}", prompts_dlq=f"p.dlq-{suffix}", blocks=f"b-{suffix}", partitions=3)
-    ensure_topics(kafka, topics, [topics.prompts, topics.prompts_dlq, topics.blocks])
+    topics = fresh_topics(kafka, partitions=3)
     prompts = good_prompts()
     _publish(kafka, topics.prompts, prompts)
 
     log = tmp_path_factory.mktemp("extract") / "extract.log"
     args = ["--max-model-len", "512", "--block-bytes", "16384"] + (["--layers", layers] if layers else [])
-    group = f"g-{suffix}"
-    result = run_extractor(kafka.bootstrap, {"prompts": topics.prompts, "blocks": topics.blocks,
-                                             "prompts_dlq": topics.prompts_dlq, "group": group}, model_dir, log, *args)
-    assert result.returncode == 0, log.read_text()[-5000:]
+    group = f"g-{topics.prompts}"
+    result = run_extractor(kafka.bootstrap, topics, group, model_dir, log, *args)
+    assert result == 0, log.read_text()[-5000:]
 
     samples = reassemble(drain(kafka, topics.blocks, expected=1, timeout=30, settle=3.0))
     dead = drain(kafka, topics.prompts_dlq, expected=len(BAD), timeout=30)
     committed, ends = _offsets(kafka, topics.prompts, group, 3)
     first = next(iter(samples.values()))[0]
     return Run(model_dir, AutoTokenizer.from_pretrained(model_dir), prompts, samples, dead,
-               first.manifest.layer_ids, committed, ends)
+               first.manifest.layer_ids, committed, ends, topics.prompts)
 
 
 def test_every_prompt_has_exactly_one_manifest(run: Run) -> None:
@@ -177,7 +174,7 @@ def test_metadata_and_source_travel_with_the_sample(run: Run) -> None:
     for prompt in run.prompts:
         (sample,) = run.samples[prompt["request_id"]]
         assert sample.manifest.metadata == prompt.get("metadata")
-        assert sample.manifest.source.topic.startswith("p-")
+        assert sample.manifest.source.topic == run.prompts_topic
 
 
 def test_bad_prompts_are_dead_lettered_with_reasons(run: Run) -> None:

@@ -5,10 +5,7 @@ transformers, and a replayed sink leaves the dataset byte-identical."""
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -19,52 +16,43 @@ from safetensors import safe_open
 
 from hsx import models
 from hsx.cli import main
-from hsx.demo import cpu_engine_env
+from hsx.dev.commands import produce_command, sink_command
+from hsx.dev.spawn import HsxService
+from hsx.dev.topics import fresh_topics
 from hsx.reference import HFReference, max_relative_error
-from runtime.broker import free_port
-from runtime.kafka import ensure_topics
 from runtime.settings import KafkaSettings, TopicSettings
 from schemas import HiddenStatesReady
 from sink.reader import follow, open_dataset
 from tests.engine_helpers import run_extractor
 from tests.integration.test_extractor import good_prompts
-from tests.http_helpers import get, metric
 from runtime.kafka.drain import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
 
-def sink_command(kafka: KafkaSettings, topics: TopicSettings, output: Path, group: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "hsx.cli", "sink", "--bootstrap", kafka.bootstrap, "--output", str(output),
-           "--topic", topics.blocks, "--ready-topic", topics.ready, "--dlq-topic", topics.blocks_dlq,
-           "--group", group, "--session-timeout-ms", "6000", "--exit-when-idle", "6", "--max-shard-samples", "5", *extra]
+def pipeline_sink(kafka: KafkaSettings, topics: TopicSettings, output: Path, group: str, log: Path,
+                  *extra: str) -> HsxService:
+    """``hsx sink`` until idle, small shards, logging to ``log``."""
+    command = sink_command(kafka.bootstrap, topics, output, "--exit-when-idle", "6", "--max-shard-samples", "5", *extra,
+                           group=group)
+    return HsxService(log.stem, command, log.parent)
 
 
 def run_sink(kafka: KafkaSettings, topics: TopicSettings, output: Path, group: str, log: Path, *extra: str) -> None:
-    cmd = sink_command(kafka, topics, output, group, *extra)
-    with log.open("wb") as handle:
-        result = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, env=cpu_engine_env(), timeout=300)
-    assert result.returncode == 0, log.read_text()[-3000:]
+    with pipeline_sink(kafka, topics, output, group, log, *extra) as sink:
+        returncode = sink.wait(300)
+    assert returncode == 0, log.read_text()[-3000:]
 
 
-def _run_sink_scraped(cmd: list[str], log: Path) -> tuple[bool, float]:
+def _run_sink_scraped(sink: HsxService) -> tuple[bool, float]:
     """Run the sink with its operations endpoint and probe it until it exits."""
-    port = free_port()
     ready_seen, samples = False, 0.0
-    with log.open("wb") as handle:
-        proc = subprocess.Popen([*cmd, "--health-port", str(port)], stdout=handle, stderr=subprocess.STDOUT,
-                                env=cpu_engine_env())
-        try:
-            while proc.poll() is None:
-                try:
-                    ready_seen |= get(port, "/readyz")[0] == 200
-                    samples = max(samples, metric(port, "hsx_sink_samples_total"))
-                except OSError:  # not listening yet, or already gone
-                    pass
-                time.sleep(0.2)
-        finally:
-            proc.kill()
-    assert proc.returncode == 0, log.read_text()[-3000:]
+    with sink:
+        while sink.exited() is None:
+            ready_seen |= sink.ready()
+            samples = max(samples, sink.metric("hsx_sink_samples_total"))  # NaN (ignored) until it serves
+            time.sleep(0.2)
+    assert sink.exited() == 0, sink.log_tail()
     return ready_seen, samples
 
 
@@ -75,22 +63,18 @@ def digest(root: Path) -> dict[str, str]:
 
 def test_pipeline_end_to_end_and_replay(kafka: KafkaSettings, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = models.prepare(names=["tiny-llama"])["tiny-llama"]
-    suffix = uuid.uuid4().hex[:8]
-    topics = TopicSettings(prompts=f"p-{suffix}", prompts_dlq=f"pd-{suffix}", blocks=f"b-{suffix}",
-                           blocks_dlq=f"bd-{suffix}", ready=f"r-{suffix}", partitions=3)
-    ensure_topics(kafka, topics, [topics.prompts, topics.blocks, topics.ready])
+    topics = fresh_topics(kafka, partitions=3)
     prompts = good_prompts()
     source = tmp_path / "prompts.jsonl"
     source.write_bytes(b"".join(orjson.dumps(p) + b"\n" for p in prompts))
-    produce = [sys.executable, "-m", "hsx.cli", "produce", str(source), "--bootstrap", kafka.bootstrap,
-               "--topic", topics.prompts, "--no-progress"]
-    assert subprocess.run(produce, env=cpu_engine_env(), capture_output=True, timeout=120).returncode == 0
+    with HsxService("produce", produce_command(kafka.bootstrap, topics, source), tmp_path, health=False) as produce:
+        assert produce.wait(120) == 0
 
-    names = {"prompts": topics.prompts, "blocks": topics.blocks, "prompts_dlq": topics.prompts_dlq, "group": f"x-{suffix}"}
-    assert run_extractor(kafka.bootstrap, names, model, tmp_path / "extract.log", "--max-model-len", "512",
-                         "--layers", "1,4").returncode == 0
+    assert run_extractor(kafka.bootstrap, topics, f"x-{topics.prompts}", model, tmp_path / "extract.log",
+                         "--max-model-len", "512", "--layers", "1,4") == 0
     output = tmp_path / "dataset"
-    ready_seen, samples_seen = _run_sink_scraped(sink_command(kafka, topics, output, f"s-{suffix}"), tmp_path / "sink.log")
+    sink = pipeline_sink(kafka, topics, output, f"s-{topics.prompts}", tmp_path / "sink.log")
+    ready_seen, samples_seen = _run_sink_scraped(sink)
     assert ready_seen and samples_seen > 0, "the sink's /readyz or hsx_sink_samples_total never moved"
 
     dataset = open_dataset(output)
@@ -123,7 +107,7 @@ def test_pipeline_end_to_end_and_replay(kafka: KafkaSettings, tmp_path: Path, ca
 
     before = digest(output)
     # A new group reads from the start, this time with transactions.
-    run_sink(kafka, topics, output, f"replay-{suffix}", tmp_path / "replay.log", "--exactly-once")
+    run_sink(kafka, topics, output, f"replay-{topics.prompts}", tmp_path / "replay.log", "--exactly-once")
     assert digest(output) == before
     assert len(open_dataset(output)) == len(prompts)
     assert f"{len(prompts)} duplicates dropped" in (tmp_path / "replay.log").read_text()

@@ -1,58 +1,38 @@
-"""Fault-test tools: the services as real, killable processes with their
-operations endpoint, the checks every fault test ends with, and the figures the
-README quotes."""
+"""Fault-test tools: the services' command lines for these tests, records as
+any client could publish them, the checks every fault test ends with, and the
+figures the README quotes. The services run as :class:`hsx.dev.spawn.HsxService`
+processes on :func:`hsx.dev.topics.fresh_topics`."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
-import psutil
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
-from hsx.demo import cpu_engine_env
-from runtime.broker import free_port
-from runtime.kafka import ensure_topics
+from hsx.dev.commands import extract_command, sink_command
 from runtime.kafka.drain import drain
 from runtime.settings import KafkaSettings, TopicSettings
 from schemas import DlqHeaders, HiddenStatesReady
 from sink.assembler import Record
 from sink.shards import read_indexes
 from sink.storage import LocalStorage
-from tests.http_helpers import get, metric, metric_sum
 
 FIGURES = Path(__file__).resolve().parents[2] / "out" / "reliability.json"
 
 
-def fresh_topics(kafka: KafkaSettings, partitions: int = 2) -> TopicSettings:
-    """All five topics, unique to one test, created."""
-    suffix = uuid.uuid4().hex[:8]
-    topics = TopicSettings(prompts=f"p-{suffix}", prompts_dlq=f"pd-{suffix}", blocks=f"b-{suffix}",
-                           blocks_dlq=f"bd-{suffix}", ready=f"r-{suffix}", partitions=partitions)
-    t = topics.topics()
-    ensure_topics(kafka, topics, [t.prompts, t.prompts_dlq, t.blocks, t.blocks_dlq, t.ready])
-    return topics
-
-
 def extract_args(kafka: KafkaSettings, topics: TopicSettings, model: Path, group: str) -> list[str]:
-    return ["extract", "--bootstrap", kafka.bootstrap, "--topic", topics.prompts, "--blocks-topic", topics.blocks,
-            "--dlq-topic", topics.prompts_dlq, "--group", group, "--model", str(model), "--dtype", "float32",
-            "--enforce-eager", "--max-model-len", "512", "--session-timeout-ms", "6000"]
+    """The fault tests' extractor: prompts of up to 512 tokens."""
+    return extract_command(kafka.bootstrap, topics, model, "--max-model-len", "512", group=group)
 
 
 def sink_args(kafka: KafkaSettings, topics: TopicSettings, output: Path, group: str) -> list[str]:
-    return ["sink", "--bootstrap", kafka.bootstrap, "--output", str(output), "--topic", topics.blocks,
-            "--ready-topic", topics.ready, "--dlq-topic", topics.blocks_dlq, "--group", group,
-            "--session-timeout-ms", "6000", "--max-shard-samples", "8", "--max-shard-age", "1"]
+    """The fault tests' sink: small shards, closed every second, so kills land among shard writes."""
+    return sink_command(kafka.bootstrap, topics, output, "--max-shard-samples", "8", "--max-shard-age", "1",
+                        group=group)
 
 
 def publish(kafka: KafkaSettings, topic: str, records: Iterable[tuple[bytes | None, bytes | None]]
@@ -79,123 +59,6 @@ def text_prompts(count: int, prefix: str) -> list[dict[str, object]]:
 
 def as_records(prompts: list[dict[str, object]]) -> list[tuple[bytes, bytes]]:
     return [(str(p["request_id"]).encode(), orjson.dumps(p)) for p in prompts]
-
-
-@dataclass
-class Service:
-    """One ``hsx`` service as a restartable process group with its own
-    ``--health-port``; each incarnation logs to its own file."""
-
-    name: str
-    args: list[str]
-    log_dir: Path
-    env: dict[str, str] = field(default_factory=cpu_engine_env)
-    incarnations: int = 0
-    proc: subprocess.Popen[bytes] | None = None
-    port: int = 0
-
-    def start(self) -> Service:
-        self.port = free_port()
-        self.incarnations += 1
-        log = (self.log_dir / f"{self.name}-{self.incarnations}.log").open("wb")
-        # A session of its own, so a kill takes vLLM's engine processes with it,
-        # as when a pod or machine dies.
-        self.proc = subprocess.Popen([sys.executable, "-m", "hsx.cli", *self.args, "--health-port", str(self.port)],
-                                     stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
-        log.close()
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def exited(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
-
-    def ready(self) -> bool:
-        try:
-            return get(self.port, "/readyz")[0] == 200
-        except OSError:
-            return False
-
-    def wait_ready(self, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.ready():
-            if self.exited() is not None:
-                raise AssertionError(f"{self.name} exited with {self.exited()}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name} not ready after {timeout}s:\n{self.log_tail()}")
-            time.sleep(0.2)
-
-    def metric(self, name: str, labelled: bool = False) -> float:
-        """An unlabelled series, or the sum of a labelled one; NaN when the
-        process does not answer."""
-        try:
-            return (metric_sum if labelled else metric)(self.port, name)
-        except (OSError, StopIteration):
-            return float("nan")
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group, no warning, no cleanup."""
-        os.killpg(self.pid, signal.SIGKILL)
-        assert self.proc is not None
-        self.proc.wait(30)
-
-    def signal(self, sig: signal.Signals) -> None:
-        os.killpg(self.pid, sig)
-
-    def stop(self, timeout: float = 120) -> int:
-        """SIGTERM (a drain) and wait; returns the exit status."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"{self.name} did not drain within {timeout}s:\n{self.log_tail()}") from None
-
-    def _tree(self) -> list[psutil.Process]:
-        try:
-            root = psutil.Process(self.pid)
-            return [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
-
-    def rss_bytes(self) -> int:
-        """Resident memory of the process tree (vLLM's engine runs in children)."""
-        total = 0
-        for proc in self._tree():
-            try:
-                total += proc.memory_info().rss
-            except psutil.NoSuchProcess:
-                continue
-        return total
-
-    def child(self, name: str) -> int:
-        """The pid of the tree's process named ``name`` (e.g. ``VLLM::Worker``)."""
-        for proc in self._tree():
-            try:
-                if proc.name() == name[:15]:  # the kernel keeps 15 characters of it
-                    return proc.pid
-            except psutil.NoSuchProcess:
-                continue
-        raise AssertionError(f"no process {name} under {self.name}")
-
-    def log_tail(self, chars: int = 3000) -> str:
-        path = self.log_dir / f"{self.name}-{self.incarnations}.log"
-        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
-
-    def logs(self) -> str:
-        return "".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob(f"{self.name}-*.log")))
-
-    def __enter__(self) -> Service:
-        return self.start()
-
-    def __exit__(self, *_: object) -> None:
-        if self.exited() is None:
-            self.kill()
 
 
 def index_counts(output: Path) -> Counter[str]:

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from hsx import models
+from hsx.dev.spawn import HsxService
+from hsx.dev.topics import fresh_topics
 from runtime.settings import KafkaSettings
 from tests.reliability.harness import (
-    Service, as_records, check_exactly_once, extract_args, fresh_topics, index_counts, publish, record_figures,
-    sink_args, text_prompts, wait_until,
+    as_records, check_exactly_once, extract_args, index_counts, publish, record_figures, sink_args, text_prompts,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
@@ -31,7 +33,7 @@ MiB = 1 << 20
 class Throttle(threading.Thread):
     """Lets a process run ``run_s`` of every ``period_s``."""
 
-    def __init__(self, service: Service, run_s: float = 0.01, period_s: float = 1.0) -> None:
+    def __init__(self, service: HsxService, run_s: float = 0.01, period_s: float = 1.0) -> None:
         super().__init__(daemon=True)
         self.service, self.run_s, self.period_s = service, run_s, period_s
         self.done = threading.Event()
@@ -51,8 +53,8 @@ def test_slow_sink_keeps_memory_bounded_while_lag_grows(kafka: KafkaSettings, tm
     topics = fresh_topics(kafka)
     publish(kafka, topics.prompts, as_records(prompts))
     output = tmp_path / "dataset"
-    sink = Service("sink", sink_args(kafka, topics, output, "s-bp") + ["--max-buffer-bytes", str(BUDGET)], tmp_path)
-    extractor = Service("extractor", extract_args(kafka, topics, model, "x-bp"), tmp_path)
+    sink = HsxService("sink", sink_args(kafka, topics, output, "s-bp") + ["--max-buffer-bytes", str(BUDGET)], tmp_path)
+    extractor = HsxService("extractor", extract_args(kafka, topics, model, "x-bp"), tmp_path)
     samples: list[tuple[float, int, int, float]] = []  # (t, sink RSS, extractor RSS, prompts acked - stored)
     lag: list[float] = []  # the extractor's consumer-lag gauge
     with sink, extractor:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,12 +17,14 @@ import orjson
 import pytest
 
 from hsx import models
-from hsx.demo import cpu_engine_env
+from hsx.dev.commands import produce_command
+from hsx.dev.spawn import HsxService
+from hsx.dev.topics import fresh_topics
 from runtime.broker import EmbeddedBroker
 from runtime.settings import KafkaSettings
 from tests.reliability.harness import (
-    Service, as_records, check_exactly_once, extract_args, fresh_topics, index_counts, publish, record_figures,
-    sink_args, text_prompts, wait_until,
+    as_records, check_exactly_once, extract_args, index_counts, publish, record_figures, sink_args, text_prompts,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
@@ -43,17 +43,15 @@ def test_services_ride_out_a_30s_broker_outage(tmp_path: Path) -> None:
         late = tmp_path / "late.jsonl"
         late.write_bytes(b"".join(orjson.dumps(p) + b"\n" for p in during))
         output = tmp_path / "dataset"
-        extractor = Service("extractor", extract_args(kafka, topics, model, "x-outage"), tmp_path)
-        sink = Service("sink", sink_args(kafka, topics, output, "s-outage"), tmp_path)
+        extractor = HsxService("extractor", extract_args(kafka, topics, model, "x-outage"), tmp_path)
+        sink = HsxService("sink", sink_args(kafka, topics, output, "s-outage"), tmp_path)
         with extractor, sink:
             wait_until(lambda: len(index_counts(output)) >= 10, 300, "the run to be under way")
             os.kill(broker.pid, signal.SIGSTOP)
             stopped = time.monotonic()
             samples_at_stop = len(index_counts(output))
-            producer = subprocess.Popen(
-                [sys.executable, "-m", "hsx.cli", "produce", str(late), "--bootstrap", kafka.bootstrap,
-                 "--topic", topics.prompts, "--no-progress"],
-                stdout=(tmp_path / "produce.log").open("wb"), stderr=subprocess.STDOUT, env=cpu_engine_env())
+            producer = HsxService("produce", produce_command(kafka.bootstrap, topics, late), tmp_path,
+                                  health=False).start()
             ready_during = []
             while time.monotonic() - stopped < OUTAGE_S:
                 ready_during.append(extractor.ready())

@@ -9,11 +9,11 @@ from pathlib import Path
 import orjson
 import pytest
 
+from hsx.dev.spawn import HsxService
+from hsx.dev.topics import fresh_topics
 from runtime.settings import KafkaSettings
 from sink.assembler import Record
-from tests.reliability.harness import (
-    Service, dead_letters, fresh_topics, index_counts, publish, record_figures, sink_args,
-)
+from tests.reliability.harness import dead_letters, index_counts, publish, record_figures, sink_args
 from tests.unit.test_assembler import HIDDEN, records
 
 pytestmark = [pytest.mark.integration]
@@ -60,7 +60,7 @@ def test_corrupt_records_never_reach_the_dataset(kafka: KafkaSettings, tmp_path:
     publish(kafka, topics.blocks, stream)
 
     output = tmp_path / "dataset"
-    sink = Service("sink", sink_args(kafka, topics, output, "s-corrupt") + [
+    sink = HsxService("sink", sink_args(kafka, topics, output, "s-corrupt") + [
         "--incomplete-timeout", "3", "--exit-when-idle", "8"], tmp_path)
     with sink:
         assert sink.proc is not None and sink.proc.wait(120) == 0, sink.log_tail()

@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 
 from hsx import models
+from hsx.dev.spawn import HsxService
+from hsx.dev.topics import fresh_topics
 from hsx.reference import max_relative_error
 from runtime.settings import KafkaSettings
 from sink.reader import open_dataset
 from tests.reliability.harness import (
-    Service, as_records, check_exactly_once, extract_args, fresh_topics, index_counts, publish, record_figures, sink_args,
-    text_prompts, wait_until,
+    as_records, check_exactly_once, extract_args, index_counts, publish, record_figures, sink_args, text_prompts,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
@@ -42,9 +44,9 @@ def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], wo
     publish(kafka, topics.prompts, as_records(prompts))
     output = workdir / "dataset"
     workdir.mkdir()
-    services = [Service("extractor", extract_args(kafka, topics, model, f"x-{topics.prompts}") + ["--max-inflight", "16"],
-                        workdir),
-                Service("sink", sink_args(kafka, topics, output, f"s-{topics.prompts}"), workdir)]
+    services = [HsxService("extractor", extract_args(kafka, topics, model, f"x-{topics.prompts}") + [
+                    "--max-inflight", "16"], workdir),
+                HsxService("sink", sink_args(kafka, topics, output, f"s-{topics.prompts}"), workdir)]
     left = {s.name: kills for s in services}
     kill_at: dict[str, float] = {}
     landed: list[dict[str, object]] = []
@@ -83,7 +85,7 @@ def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], wo
     return output, landed
 
 
-def _landing(service: Service, output: Path, elapsed: float) -> dict[str, object]:
+def _landing(service: HsxService, output: Path, elapsed: float) -> dict[str, object]:
     """What the process was doing when it died, from its own metrics."""
     where: dict[str, object] = {"service": service.name, "incarnation": service.incarnations,
                                 "at_s": round(elapsed, 1), "dataset_samples": len(index_counts(output))}

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from hsx import models
+from hsx.dev.spawn import HsxService
+from hsx.dev.topics import fresh_topics
 from runtime.settings import KafkaSettings
 from tests.reliability.harness import (
-    Service, as_records, committed, extract_args, fresh_topics, publish, record_figures, text_prompts, wait_until,
+    as_records, committed, extract_args, publish, record_figures, text_prompts, wait_until,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
@@ -29,7 +31,7 @@ def test_a_stuck_engine_makes_the_extractor_exit(kafka: KafkaSettings, tmp_path:
     topics = fresh_topics(kafka, partitions=1)
     prompts = text_prompts(400, "stall")
     publish(kafka, topics.prompts, as_records(prompts))
-    extractor = Service("extractor", extract_args(kafka, topics, model, "x-stall") + [
+    extractor = HsxService("extractor", extract_args(kafka, topics, model, "x-stall") + [
         "--stall-timeout", str(STALL_S), "--max-inflight", "8"], tmp_path)
     with extractor:
         extractor.wait_ready()

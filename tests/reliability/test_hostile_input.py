@@ -12,12 +12,12 @@ import orjson
 import pytest
 
 from hsx import models
+from hsx.dev.spawn import HsxService
+from hsx.dev.topics import fresh_topics
 from runtime.kafka.drain import drain
 from runtime.settings import KafkaSettings
 from sink.reader import open_dataset
-from tests.reliability.harness import (
-    Service, dead_letters, extract_args, fresh_topics, index_counts, publish, record_figures, sink_args,
-)
+from tests.reliability.harness import dead_letters, extract_args, index_counts, publish, record_figures, sink_args
 from tests.unit.test_prompt_event import INVALID, SMALL
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
@@ -76,10 +76,10 @@ def test_hostile_records_go_to_the_dlq_and_good_ones_to_the_dataset(kafka: Kafka
     env |= {"HSX_KAFKA_SASL_USERNAME": "hsx", "HSX_KAFKA_SASL_PASSWORD": SECRET,
             "HSX_KAFKA_CLIENT_PROPERTIES": orjson.dumps({"ssl.keystore.password": SECRET + "-ks"}).decode()}
     output = tmp_path / "dataset"
-    extractor = Service("extractor", extract_args(kafka, topics, model, "x-hostile") + ["--max-model-len", "128",
-                        "--exit-when-idle", "8"], tmp_path)
+    extractor = HsxService("extractor", extract_args(kafka, topics, model, "x-hostile") + ["--max-model-len", "128",
+                           "--exit-when-idle", "8"], tmp_path)
     extractor.env |= env
-    sink = Service("sink", sink_args(kafka, topics, output, "s-hostile") + ["--exit-when-idle", "6"], tmp_path)
+    sink = HsxService("sink", sink_args(kafka, topics, output, "s-hostile") + ["--exit-when-idle", "6"], tmp_path)
     sink.env |= env
     for service in (extractor, sink):  # one process each, never restarted
         with service:

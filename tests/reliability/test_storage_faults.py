@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from hsx.dev.spawn import HsxService
+from hsx.dev.topics import fresh_topics
 from runtime.settings import KafkaSettings
-from tests.reliability.harness import (
-    Service, committed, fresh_topics, index_counts, publish, record_figures, sink_args, wait_until,
-)
+from tests.reliability.harness import committed, index_counts, publish, record_figures, sink_args, wait_until
 from tests.unit.test_assembler import records
 
 pytestmark = [pytest.mark.integration]
@@ -52,7 +52,7 @@ def test_full_then_read_only_storage_commits_nothing_and_recovers(kafka: KafkaSe
     publish(kafka, topics.blocks, stream)
     output = small_fs / "dataset"
     group = "s-storage"
-    sink = Service("sink", sink_args(kafka, topics, output, group), tmp_path)
+    sink = HsxService("sink", sink_args(kafka, topics, output, group), tmp_path)
     phases: dict[str, float] = {}
     with sink:
         wait_until(lambda: "No space left on device" in sink.logs(), 60, "a full file system")

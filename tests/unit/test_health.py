@@ -7,8 +7,8 @@ import time
 import pytest
 from prometheus_client import Counter
 
+from hsx.dev.scrape import get
 from runtime.health import HealthServer
-from tests.http_helpers import get
 
 PROBE = Counter("hsx_test_probe", "A counter only this test moves")
 

@@ -1,0 +1,8 @@
+"""Development tooling that ``hsx demo``, the benchmarks (``bench/``) and the
+tests share: hsx services as child processes (:mod:`hsx.dev.spawn`), fresh topic
+sets (:mod:`hsx.dev.topics`), service command lines (:mod:`hsx.dev.commands`)
+and reading a service's operations endpoint (:mod:`hsx.dev.scrape`).
+
+Production deployments need none of it. Nothing here imports ``tests`` or
+``bench``; they import from here.
+"""

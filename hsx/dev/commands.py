@@ -1,0 +1,43 @@
+"""``hsx extract|sink|produce`` command lines (without ``hsx`` itself) for
+development runs: the demo, the benchmarks and the tests.
+
+They share what such runs want: one topic set's names, a short consumer session
+(:data:`SESSION_TIMEOUT_MS`) so that a restarted or an added service gets its
+partitions within seconds, and for the extractor a float32 model without CUDA
+graphs or compilation (CPU machines; exact comparisons with HF transformers).
+Callers append their own flags; a flag given twice takes the last value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime.settings import TopicSettings
+
+SESSION_TIMEOUT_MS = 6000
+
+
+def _group(group: str | None) -> list[str]:
+    return [] if group is None else ["--group", group]
+
+
+def extract_command(bootstrap: str, topics: TopicSettings, model: Path, *extra: str,
+                    group: str | None = None) -> list[str]:
+    """``hsx extract``: prompts topic in, blocks topic out, prompt DLQ."""
+    return ["extract", "--bootstrap", bootstrap, "--topic", topics.prompts, "--blocks-topic", topics.blocks,
+            "--dlq-topic", topics.prompts_dlq, *_group(group), "--model", str(model), "--dtype", "float32",
+            "--enforce-eager", "--session-timeout-ms", str(SESSION_TIMEOUT_MS), *extra]
+
+
+def sink_command(bootstrap: str, topics: TopicSettings, output: Path, *extra: str,
+                 group: str | None = None) -> list[str]:
+    """``hsx sink``: blocks topic in, a dataset in ``output``, ready events out,
+    block DLQ."""
+    return ["sink", "--bootstrap", bootstrap, "--output", str(output), "--topic", topics.blocks, "--ready-topic",
+            topics.ready, "--dlq-topic", topics.blocks_dlq, *_group(group), "--session-timeout-ms",
+            str(SESSION_TIMEOUT_MS), *extra]
+
+
+def produce_command(bootstrap: str, topics: TopicSettings, source: Path, *extra: str) -> list[str]:
+    """``hsx produce``: a JSONL file onto the prompts topic, no progress bar."""
+    return ["produce", str(source), "--bootstrap", bootstrap, "--topic", topics.prompts, "--no-progress", *extra]
