@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="close a shard at this many samples (default %(default)s)")
     parser.add_argument("--max-shard-age", type=float, default=_DEFAULTS.max_shard_age, metavar="SECS",
                         help="close a shard after SECS (default %(default)s)")
+    parser.add_argument("--flush-when-idle", type=float, metavar="SECS",
+                        help="close an open shard after SECS without a new sample (default: off)")
     parser.add_argument("--max-buffer-bytes", type=int, default=_DEFAULTS.max_buffer_bytes,
                         help="memory budget; pause above it (default %(default)s)")
     parser.add_argument("--incomplete-timeout", type=float, default=_DEFAULTS.incomplete_timeout, metavar="SECS",

@@ -15,6 +15,10 @@ class SinkOptions:
     max_shard_bytes: int = 1 << 30
     max_shard_samples: int = 10_000
     max_shard_age: float = 60.0
+    flush_when_idle: float | None = None
+    """Close a partition's open shard once no sample joined it for this many
+    seconds (None: only size, count and age close shards). ``hsx run`` sets it, so
+    the last samples of a job get their ready events at once."""
     max_buffer_bytes: int = 2 << 30
     """Bytes held in memory (blocks awaiting manifests + open shards); partitions
     pause above it."""

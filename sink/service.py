@@ -29,7 +29,7 @@ from sink.memory import release_large_buffers_to_the_os
 from sink.options import SinkOptions
 from sink.partition import PartitionState
 from sink.ready import ReadyPublisher
-from sink.shards import write_shard
+from sink.shards import OpenShard, write_shard
 from sink.stats import SinkStats
 from sink.storage import LocalStorage, Storage
 
@@ -212,8 +212,7 @@ class Sink:
         for state in self._partitions.values():
             for rejected in state.assembler.expire(now):
                 self._reject(state, rejected)
-            aged = state.shard.samples and now - state.shard.opened_at >= self.options.max_shard_age
-            if aged and state.may_write(now):
+            if state.shard.samples and self._due(state.shard, now) and state.may_write(now):
                 self._close_shard(state)
         if self._buffered() > self.options.max_buffer_bytes:
             for state in self._partitions.values():
@@ -223,6 +222,12 @@ class Sink:
         if over != self.member.paused:
             self.member.pause(over)
             log.warning("memory budget %s: partitions %s", "exceeded" if over else "ok", "paused" if over else "resumed")
+
+    def _due(self, shard: OpenShard, now: float) -> bool:
+        """The open shard is old enough, or idle long enough, to close."""
+        idle = self.options.flush_when_idle
+        return (now - shard.opened_at >= self.options.max_shard_age
+                or (idle is not None and now - shard.last_added_at >= idle))
 
     def _buffered(self) -> int:
         return sum(s.buffered_bytes for s in self._partitions.values())

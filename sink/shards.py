@@ -51,6 +51,7 @@ class OpenShard:
     samples: list[Sample] = field(default_factory=list)
     nbytes: int = 0
     opened_at: float = field(default_factory=time.monotonic)
+    last_added_at: float = field(default_factory=time.monotonic)
 
     def accepts(self, sample: Sample) -> bool:
         """One shard holds samples of one model, layer set, dtype and width, so its
@@ -62,8 +63,9 @@ class OpenShard:
             new.model, new.layer_ids, new.dtype, new.hidden_size)
 
     def add(self, sample: Sample) -> None:
+        self.last_added_at = time.monotonic()
         if not self.samples:
-            self.opened_at = time.monotonic()
+            self.opened_at = self.last_added_at
         self.samples.append(sample)
         self.nbytes += len(sample.hidden_states)
 
