@@ -1,15 +1,23 @@
-"""Publish prompt events to Kafka: read JSONL (or common dataset shapes), validate
-each line against ``schemas.PromptEvent``, produce idempotently keyed by request id."""
+"""Publish prompt events to Kafka: read prompts (JSONL, JSON arrays, Parquet,
+Arrow, ``datasets`` directories; common dataset shapes), validate each row
+against ``schemas.PromptEvent``, produce idempotently keyed by request id."""
 
+from producer.inputs import InputKind, InputRows, InputSpec, check_input, open_input, read_input
 from producer.publisher import InvalidPolicy, Publisher, PublishSummary
 from producer.sources import DatasetFormat, SourceLine, read_jsonl, to_event_dict
 
 __all__ = [
     "DatasetFormat",
+    "InputKind",
+    "InputRows",
+    "InputSpec",
     "InvalidPolicy",
     "PublishSummary",
     "Publisher",
     "SourceLine",
+    "check_input",
+    "open_input",
+    "read_input",
     "read_jsonl",
     "to_event_dict",
 ]

@@ -1,4 +1,5 @@
-"""``hsx produce FILE|-``: publish a JSONL file of prompts."""
+"""``hsx produce INPUT``: publish a file of prompts; and the input flags that
+``hsx produce`` and ``hsx run`` share (:func:`add_input_arguments`)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import IO
+from typing import NamedTuple
 
 from tqdm import tqdm
 
+from producer.inputs import SHUFFLE_BUFFER, InputKind, InputRows, InputSpec
 from producer.publisher import InvalidLine, InvalidPolicy, Mapping, Publisher, PublishSummary
-from producer.sources import DatasetFormat, read_jsonl
+from producer.sources import DatasetFormat
 from runtime.errors import ExitCode, UsageError
 from runtime.kafka import DeliveryTracker, ensure_topics, make_producer
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
@@ -23,16 +24,32 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="JSONL file to publish, or - for standard input")
+    """``hsx produce``'s flags: the input flags and where to publish."""
+    add_input_arguments(parser)
     parser.add_argument("--bootstrap", help="Kafka bootstrap servers (env HSX_KAFKA_BOOTSTRAP)")
     parser.add_argument("--topic", help="prompts topic (env HSX_TOPIC_PROMPTS, default prompts)")
     parser.add_argument("--dlq-topic", help="dead-letter topic (env HSX_TOPIC_PROMPTS_DLQ, default prompts.dlq)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """The input flags every command that reads prompts shares (``hsx produce``,
+    ``hsx run``); :func:`input_from_args` turns them into a :class:`PromptInput`."""
+    parser.add_argument(
+        "file", metavar="INPUT",
+        help="prompts: .jsonl, .json (an array), .parquet, .arrow/.feather, a datasets.save_to_disk "
+        "directory, or - for JSONL on standard input",
+    )
+    parser.add_argument(
+        "--input-format", type=InputKind, choices=[k.value for k in InputKind],
+        help="what INPUT is (default: from its extension, or a directory's dataset_info.json/dataset_dict.json)",
+    )
     parser.add_argument(
         "--format",
         type=DatasetFormat,
-        choices=list(DatasetFormat),
+        choices=[f.value for f in DatasetFormat],
         default=DatasetFormat.EVENT,
-        help="shape of each line: event (a PromptEvent), text (a text field), "
+        help="shape of each row: event (a PromptEvent), text (a text field), "
         "sharegpt (conversations of from/value), openai (messages of role/content)",
     )
     parser.add_argument("--text-field", default="text", help="field holding the prompt for --format text")
@@ -40,24 +57,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metadata-fields", default="", help="comma-separated fields copied into the event's metadata"
     )
+    parser.add_argument("--split", help="split of a datasets DatasetDict directory (needed if it has several)")
+    parser.add_argument("--limit", type=_count, metavar="N", help="publish at most the first N rows (after --shuffle)")
+    parser.add_argument(
+        "--shuffle", action="store_true",
+        help=f"shuffle the rows (within a {SHUFFLE_BUFFER}-row buffer; request ids do not change)",
+    )
+    parser.add_argument("--seed", type=int, help="shuffle seed (default 0: the same order every time)")
     parser.add_argument(
         "--on-invalid",
         type=InvalidPolicy,
-        choices=list(InvalidPolicy),
+        choices=[p.value for p in InvalidPolicy],
         default=InvalidPolicy.SKIP,
-        help="what to do with an invalid line (default: skip, reporting it)",
+        help="what to do with an invalid row (default: skip, reporting it)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-@contextmanager
-def _open_input(name: str) -> Iterator[tuple[IO[bytes], str]]:
-    if name == "-":
-        yield sys.stdin.buffer, "stdin"
-        return
-    path = Path(name)
-    with path.open("rb") as stream:
-        yield stream, path.name
+class PromptInput(NamedTuple):
+    """The input flags, parsed: the rows (checked already), how they become
+    events and what to do with invalid ones (both for :class:`Publisher`)."""
+
+    lines: InputRows
+    mapping: Mapping
+    on_invalid: InvalidPolicy
+
+
+def input_from_args(args: argparse.Namespace) -> PromptInput:
+    """The :class:`PromptInput` the flags of :func:`add_input_arguments` say.
+    Raises :class:`UsageError` for flags that do not go together and for an
+    input that cannot be read (nothing is published or started before)."""
+    if args.seed is not None and not args.shuffle:
+        raise UsageError("--seed only makes sense with --shuffle")
+    spec = InputSpec(args.file, args.input_format, args.split, args.limit, args.shuffle, args.seed or 0)
+    mapping = Mapping(
+        fmt=args.format,
+        text_field=args.text_field,
+        id_field=args.id_field,
+        metadata_fields=tuple(f for f in args.metadata_fields.split(",") if f),
+    )
+    return PromptInput(InputRows(spec), mapping, args.on_invalid)
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,23 +110,17 @@ def run(args: argparse.Namespace) -> int:
     redact_secrets(kafka.secret_values())
     topic_settings = TopicSettings(**overrides(prompts=args.topic, prompts_dlq=args.dlq_topic))
     topics = topic_settings.topics()
-    mapping = Mapping(
-        fmt=args.format,
-        text_field=args.text_field,
-        id_field=args.id_field,
-        metadata_fields=tuple(f for f in args.metadata_fields.split(",") if f),
-    )
+    prompts = input_from_args(args)  # checks the input before the broker is asked for anything
     ensure_topics(kafka, topic_settings, [topics.prompts, topics.prompts_dlq])
-    publisher = Publisher(
-        DeliveryTracker(make_producer(kafka)), topics, mapping, PromptLimitSettings().limits(), args.on_invalid
-    )
+    publisher = Publisher(DeliveryTracker(make_producer(kafka)), topics, prompts.mapping,
+                          PromptLimitSettings().limits(), prompts.on_invalid)
     try:
-        with _open_input(args.file) as (stream, source), _progress(args.no_progress) as bar:
-            summary = publisher.publish(read_jsonl(stream, source), on_line=bar)
+        with _progress(args.no_progress) as bar:
+            summary = publisher.publish(prompts.lines, on_line=bar)
     except OSError as exc:
         raise UsageError(f"cannot read {args.file}: {exc.strerror}") from exc
     except InvalidLine as exc:
-        log.error("stopped at the first invalid line (--on-invalid fail): %s", exc)
+        log.error("stopped at the first invalid row (--on-invalid fail): %s", exc)
         return ExitCode.FAILED
     print(summary.describe(), file=sys.stderr)
     return 0

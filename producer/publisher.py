@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass
 from enum import Enum
 
@@ -54,17 +54,22 @@ class Mapping:
 
 @dataclass
 class PublishSummary:
+    """What became of the lines of one :meth:`Publisher.publish`."""
+
     sent: int = 0
     invalid: int = 0
     dead_lettered: int = 0
+    skipped: int = 0
+    """Valid events not sent because their request id was in ``skip_ids``."""
     bytes_sent: int = 0
     seconds: float = 0.0
 
     def describe(self) -> str:
         rate = self.sent / self.seconds if self.seconds > 0 else 0.0
+        skipped = f", skipped {self.skipped} already present" if self.skipped else ""
         return (
             f"sent {self.sent} events ({self.bytes_sent} bytes), invalid {self.invalid}"
-            f" (dead-lettered {self.dead_lettered}) in {self.seconds:.1f}s, {rate:.0f} events/s"
+            f" (dead-lettered {self.dead_lettered}){skipped} in {self.seconds:.1f}s, {rate:.0f} events/s"
         )
 
 
@@ -102,9 +107,17 @@ class Publisher:
         self.on_invalid = on_invalid
 
     def publish(
-        self, lines: Iterable[SourceLine], on_line: Callable[[PublishSummary], None] | None = None
+        self,
+        lines: Iterable[SourceLine],
+        on_line: Callable[[PublishSummary], None] | None = None,
+        skip_ids: Set[str] = frozenset(),
+        on_sent: Callable[[PromptEvent], None] | None = None,
     ) -> PublishSummary:
         """Publish every line, then wait until Kafka acknowledged all of them.
+
+        ``on_line(summary)`` is called after each line; valid events whose
+        request id is in ``skip_ids`` (already done, say) are counted as skipped
+        and not sent; ``on_sent(event)`` is called for each event queued.
         Raises :class:`InvalidLine` under the ``fail`` policy,
         ``DeliveryFailed`` when Kafka rejected an event and ``ServiceFailed``
         when it rejected a dead letter."""
@@ -112,7 +125,9 @@ class Publisher:
         start = time.monotonic()
         try:
             for line in lines:
-                self._publish_line(line, summary)
+                event = self._publish_line(line, summary, skip_ids)
+                if event is not None and on_sent is not None:
+                    on_sent(event)
                 if on_line is not None:
                     on_line(summary)
         finally:
@@ -121,7 +136,8 @@ class Publisher:
         self.dead_letters.check()
         return summary
 
-    def _publish_line(self, line: SourceLine, summary: PublishSummary) -> None:
+    def _publish_line(self, line: SourceLine, summary: PublishSummary, skip_ids: Set[str]) -> PromptEvent | None:
+        """Send one line's event (returned) or account for why not (``None``)."""
         try:
             event = parse_line(line, self.mapping, self.limits)
         except InvalidLine as exc:
@@ -132,11 +148,15 @@ class Publisher:
             if self.on_invalid is InvalidPolicy.DLQ:
                 self._dead_letter(exc)
                 summary.dead_lettered += 1
-            return
+            return None
+        if event.request_id in skip_ids:
+            summary.skipped += 1
+            return None
         value = event.model_dump_json(exclude_none=True).encode()
         self.tracker.produce(self.topics.prompts, value, key=event.request_id.encode())
         summary.sent += 1
         summary.bytes_sent += len(value)
+        return event
 
     def _dead_letter(self, exc: InvalidLine) -> None:
         self.dead_letters.send(self.topics.prompts_dlq, exc, exc.line.raw, key=None, source_file=exc.line.source,

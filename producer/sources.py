@@ -10,10 +10,13 @@ import hashlib
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from enum import Enum
 from typing import IO, Any
 
 import orjson
+
+from runtime.errors import UsageError
 
 
 class DatasetFormat(str, Enum):
@@ -51,11 +54,14 @@ SHAREGPT_ROLES = {
 
 @dataclass(frozen=True)
 class SourceLine:
-    """One non-blank input line and where it came from."""
+    """One input row, as JSON bytes, and where it came from."""
 
     source: str
-    """File name (basename) or ``stdin``; part of the generated request ids."""
+    """File name (basename), ``stdin``, or ``<directory>/<split>`` for a dataset
+    saved with ``datasets``; part of the generated request ids."""
     line_no: int
+    """JSONL: the line number; other inputs: the row number in the file or split.
+    Both count from 1 and do not depend on ``--shuffle``."""
     raw: bytes
 
 
@@ -65,6 +71,33 @@ def read_jsonl(stream: IO[bytes], source: str) -> Iterator[SourceLine]:
         raw = raw.rstrip(b"\r\n")
         if raw.strip():
             yield SourceLine(source, line_no, raw)
+
+
+def record_line(source: str, row_no: int, record: Any, drop_nulls: bool = False) -> SourceLine:
+    """A row read by a parser (JSON array, Arrow) as a :class:`SourceLine` whose
+    ``raw`` is its JSON, so mapping and generated ids work as for JSONL lines.
+
+    ``drop_nulls`` drops a dict's top-level nulls: a table cannot leave a field
+    out of one row, so there a null stands for "absent" (a row without an id
+    has ``request_id: null``, which would fail instead of getting a generated
+    id; a metadata field missing from a row would be copied as null).
+    """
+    if drop_nulls and isinstance(record, dict):
+        record = {key: value for key, value in record.items() if value is not None}
+    try:
+        return SourceLine(source, row_no, orjson.dumps(record, default=_json_default))
+    except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
+        raise UsageError(f"{source}: row {row_no} cannot be written as JSON: {exc}") from exc
+
+
+def _json_default(value: Any) -> Any:
+    # Decimals: Arrow decimal columns; floats are what orjson.loads would give for JSON.
+    if isinstance(value, Decimal):
+        return float(value)
+    # Arrow binary columns often hold UTF-8 text; anything else has no JSON form.
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

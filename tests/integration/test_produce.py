@@ -1,5 +1,6 @@
 """``hsx produce`` against a real broker: nothing lost, nothing doubled, keys and
-bytes intact, invalid lines handled by policy, ids stable across re-publishing."""
+bytes intact, invalid lines handled by policy, ids stable across re-publishing,
+Parquet publishing what JSONL does, ids to skip skipped."""
 
 from __future__ import annotations
 
@@ -9,9 +10,14 @@ import orjson
 import pytest
 
 from hsx.cli import main
+from hsx.dev.topics import fresh_topic_settings
+from producer.inputs import InputSpec, read_input
+from producer.publisher import Publisher
+from runtime.kafka import DeliveryTracker, ensure_topics, make_producer
 from runtime.settings import KafkaSettings, TopicSettings
 from schemas import DlqHeaders, PromptEvent
 from runtime.kafka.drain import drain
+from tests.unit.input_files import CHAT_MAPPING, chat_rows, write_jsonl, write_parquet
 
 pytestmark = pytest.mark.integration
 
@@ -97,3 +103,26 @@ def test_missing_file_is_a_clear_error(tmp_path: Path, kafka: KafkaSettings, top
     assert _produce(kafka, topic_settings, str(tmp_path / "nope.jsonl")) == 2
     stderr = capsys.readouterr().err
     assert "cannot read" in stderr and "nope.jsonl" in stderr
+
+
+def test_parquet_publishes_what_jsonl_does(tmp_path: Path, kafka: KafkaSettings, topic_settings: TopicSettings) -> None:
+    rows = chat_rows(40)
+    args = ["--format", "sharegpt", "--id-field", "uid", "--metadata-fields", "lang,score"]
+    jsonl_topics = fresh_topic_settings()
+    assert _produce(kafka, jsonl_topics, str(write_jsonl(rows, tmp_path / "chats.jsonl")), *args) == 0
+    assert _produce(kafka, topic_settings, str(write_parquet(rows, tmp_path / "chats.parquet")), *args) == 0
+    from_jsonl, from_parquet = ({r.key(): r.value() for r in drain(kafka, topics.prompts, expected=40)}
+                                for topics in (jsonl_topics, topic_settings))
+    assert len(from_parquet) == 40 and from_parquet == from_jsonl  # same keys, same bytes
+
+
+def test_skip_ids_are_not_published(tmp_path: Path, kafka: KafkaSettings, topic_settings: TopicSettings) -> None:
+    topics = topic_settings.topics()
+    ensure_topics(kafka, topic_settings, [topics.prompts, topics.prompts_dlq])
+    publisher = Publisher(DeliveryTracker(make_producer(kafka)), topics, CHAT_MAPPING)
+    sent: list[str] = []
+    lines = read_input(InputSpec(str(write_parquet(chat_rows(10), tmp_path / "chats.parquet"))))
+    summary = publisher.publish(lines, skip_ids={"c-0", "c-7"}, on_sent=lambda e: sent.append(e.request_id))
+    assert (summary.sent, summary.skipped) == (8, 2)
+    keys = sorted(r.key().decode() for r in drain(kafka, topics.prompts, expected=8))
+    assert keys == sorted(sent) == sorted(f"c-{i}" for i in range(10) if i not in (0, 7))
