@@ -43,6 +43,49 @@ def _engine_arg(text: str) -> tuple[str, object]:
         return key, value
 
 
+def add_model_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The model and vLLM flags (shared with ``hsx run``, which passes them on
+    with :func:`as_argv`)."""
+    model = parser.add_argument_group("model and vLLM")
+    return [
+        model.add_argument("--model", required=True, help="model directory (or name vLLM can load)"),
+        model.add_argument("--model-name", help="name recorded in manifests (default: the model directory's name)"),
+        model.add_argument("--layers", type=_layer_list, help="hidden-state layer ids, e.g. 2,15,27,30 "
+                           "(default: EAGLE-3's low/mid/high plus the last, num_hidden_layers)"),
+        model.add_argument("--dtype", default=_ENGINE.dtype, help="model dtype: auto, float32, bfloat16, float16 "
+                           "(default %(default)s)"),
+        model.add_argument("--max-model-len", type=int, default=_ENGINE.max_model_len,
+                           help="longest prompt + 1 (default %(default)s)"),
+        model.add_argument("--tensor-parallel-size", type=int, default=_ENGINE.tensor_parallel_size),
+        model.add_argument("--data-parallel-size", type=int, default=_ENGINE.data_parallel_size),
+        model.add_argument("--max-num-seqs", type=int, help="vLLM batch size limit"),
+        model.add_argument("--max-num-batched-tokens", type=int, help="vLLM tokens per step"),
+        model.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / compilation"),
+        model.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
+                           help="any other AsyncEngineArgs field (VALUE parsed as JSON when it can be)"),
+    ]
+
+
+def as_argv(actions: list[argparse.Action], args: argparse.Namespace) -> list[str]:
+    """The flags of ``actions`` that ``args`` sets (other than to their default),
+    written back as command-line words that parse to the same values."""
+    argv: list[str] = []
+    for action in actions:
+        value, flag = getattr(args, action.dest), action.option_strings[0]
+        if value is None or value == action.default:
+            continue
+        if action.nargs == 0:  # store_true
+            argv.append(flag)
+        elif action.dest == "layers":
+            argv += [flag, ",".join(str(layer) for layer in value)]
+        elif action.dest == "engine_arg":
+            for key, item in value:
+                argv += [flag, f"{key}={json.dumps(item)}"]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     kafka = parser.add_argument_group("Kafka")
     kafka.add_argument("--bootstrap", help="bootstrap servers (env HSX_KAFKA_BOOTSTRAP)")
@@ -53,22 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kafka.add_argument("--session-timeout-ms", type=int, default=_SERVICE.session_timeout_ms,
                        help="consumer session timeout (default %(default)s)")
 
-    model = parser.add_argument_group("model and vLLM")
-    model.add_argument("--model", required=True, help="model directory (or name vLLM can load)")
-    model.add_argument("--model-name", help="name recorded in manifests (default: the model directory's name)")
-    model.add_argument("--layers", type=_layer_list, help="hidden-state layer ids, e.g. 2,15,27,30 "
-                       "(default: EAGLE-3's low/mid/high plus the last, num_hidden_layers)")
-    model.add_argument("--dtype", default=_ENGINE.dtype, help="model dtype: auto, float32, bfloat16, float16 "
-                       "(default %(default)s)")
-    model.add_argument("--max-model-len", type=int, default=_ENGINE.max_model_len,
-                       help="longest prompt + 1 (default %(default)s)")
-    model.add_argument("--tensor-parallel-size", type=int, default=_ENGINE.tensor_parallel_size)
-    model.add_argument("--data-parallel-size", type=int, default=_ENGINE.data_parallel_size)
-    model.add_argument("--max-num-seqs", type=int, help="vLLM batch size limit")
-    model.add_argument("--max-num-batched-tokens", type=int, help="vLLM tokens per step")
-    model.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / compilation")
-    model.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
-                       help="any other AsyncEngineArgs field (VALUE parsed as JSON when it can be)")
+    add_model_arguments(parser)
 
     service = parser.add_argument_group("service")
     service.add_argument("--max-inflight", type=int, default=_SERVICE.max_inflight,

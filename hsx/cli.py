@@ -17,11 +17,12 @@ log = logging.getLogger("hsx")
 
 # Each module has add_arguments(parser) and run(args) -> exit code.
 SERVICE_COMMANDS = [
-    ("produce", "publish prompts from a JSONL file", "producer.cli"),
+    ("produce", "publish prompts from a file (JSONL, JSON, Parquet, Arrow, datasets)", "producer.cli"),
     ("extract", "consume prompts and extract hidden states with vLLM", "extractor.cli"),
     ("sink", "write hidden-state blocks to a sharded safetensors dataset", "sink.cli"),
     ("inspect", "summarize a dataset or one of its shards", "sink.inspect"),
     ("export", "write a dataset in another trainer's layout (speculators)", "sink.export"),
+    ("run", "the whole pipeline on one machine: your prompts in, a dataset out", "hsx.run"),
     ("demo", "run the whole pipeline on a small bundled prompt mix", "hsx.demo"),
 ]
 

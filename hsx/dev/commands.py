@@ -1,10 +1,12 @@
-"""``hsx extract|sink|produce`` command lines (without ``hsx`` itself) for
-development runs: the demo, the benchmarks and the tests.
+"""``hsx extract|sink|produce`` command lines (without ``hsx`` itself) for the
+services ``hsx run`` starts, and for development runs: the demo, the benchmarks
+and the tests.
 
 They share what such runs want: one topic set's names, a short consumer session
 (:data:`SESSION_TIMEOUT_MS`) so that a restarted or an added service gets its
-partitions within seconds, and for the extractor a float32 model without CUDA
-graphs or compilation (CPU machines; exact comparisons with HF transformers).
+partitions within seconds, and (development runs; ``hsx run`` passes the user's
+flags instead) an extractor with a float32 model without CUDA graphs or
+compilation (CPU machines; exact comparisons with HF transformers).
 Callers append their own flags; a flag given twice takes the last value.
 """
 
@@ -21,12 +23,16 @@ def _group(group: str | None) -> list[str]:
     return [] if group is None else ["--group", group]
 
 
+DEV_ENGINE_FLAGS = ("--dtype", "float32", "--enforce-eager")
+"""What development runs want of the engine: exact float32, no compilation."""
+
+
 def extract_command(bootstrap: str, topics: TopicSettings, model: Path, *extra: str,
-                    group: str | None = None) -> list[str]:
+                    group: str | None = None, engine_flags: tuple[str, ...] = DEV_ENGINE_FLAGS) -> list[str]:
     """``hsx extract``: prompts topic in, blocks topic out, prompt DLQ."""
     return ["extract", "--bootstrap", bootstrap, "--topic", topics.prompts, "--blocks-topic", topics.blocks,
-            "--dlq-topic", topics.prompts_dlq, *_group(group), "--model", str(model), "--dtype", "float32",
-            "--enforce-eager", "--session-timeout-ms", str(SESSION_TIMEOUT_MS), *extra]
+            "--dlq-topic", topics.prompts_dlq, *_group(group), "--model", str(model), *engine_flags,
+            "--session-timeout-ms", str(SESSION_TIMEOUT_MS), *extra]
 
 
 def sink_command(bootstrap: str, topics: TopicSettings, output: Path, *extra: str,

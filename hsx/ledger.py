@@ -1,0 +1,84 @@
+"""Accounting for a job's prompts: every published request id ends in a ready
+event or a dead letter. ``hsx run`` finishes when the ledger balances."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, KafkaException
+
+from runtime.kafka import consumer_config
+from runtime.settings import KafkaSettings
+from schemas import DlqHeaders, ErrorClass, HiddenStatesReady, Topics
+
+# A superseded attempt's leftovers are dead-lettered while another attempt of the
+# same request completes: they say nothing about the request's outcome.
+_NOT_TERMINAL = {ErrorClass.SUPERSEDED_ATTEMPT}
+
+
+@dataclass
+class Ledger:
+    """Outcomes of published request ids, read from ``hidden_states.ready`` and both DLQs."""
+
+    published: set[str] = field(default_factory=set)
+    ready: dict[str, HiddenStatesReady] = field(default_factory=dict)
+    dead: dict[str, ErrorClass] = field(default_factory=dict)
+
+    def record_ready(self, event: HiddenStatesReady) -> None:
+        self.ready.setdefault(event.request_id, event)
+
+    def record_dead_letter(self, request_id: str, error_class: ErrorClass) -> None:
+        if error_class not in _NOT_TERMINAL:
+            self.dead.setdefault(request_id, error_class)
+
+    @property
+    def samples(self) -> set[str]:
+        """Published ids with a sample (a ready event wins over an earlier dead letter,
+        e.g. an attempt that timed out and was then retried)."""
+        return self.published & self.ready.keys()
+
+    @property
+    def failed(self) -> dict[str, ErrorClass]:
+        return {r: c for r, c in self.dead.items() if r in self.published and r not in self.ready}
+
+    @property
+    def accounted(self) -> int:
+        return len(self.samples) + len(self.failed)
+
+    @property
+    def missing(self) -> set[str]:
+        return self.published - self.ready.keys() - self.dead.keys()
+
+    def dead_letters_by_class(self) -> Counter[str]:
+        return Counter(c.value for c in self.failed.values())
+
+
+class LedgerFeed:
+    """A throw-away consumer of the ready topic and both dead-letter topics, from
+    their beginning, that fills a :class:`Ledger`."""
+
+    def __init__(self, kafka: KafkaSettings, topics: Topics, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self._topics = topics
+        self._consumer = Consumer(consumer_config(kafka, f"hsx-run-ledger-{uuid.uuid4().hex}",
+                                                  **{"session.timeout.ms": 6000}))
+        self._consumer.subscribe([topics.ready, topics.prompts_dlq, topics.blocks_dlq])
+
+    def poll(self, timeout: float) -> None:
+        """Read what has arrived within ``timeout`` seconds."""
+        for message in self._consumer.consume(num_messages=1000, timeout=timeout):
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise KafkaException(error)
+            if message.topic() == self._topics.ready:
+                self.ledger.record_ready(HiddenStatesReady.model_validate_json(message.value()))
+            elif message.key():  # the producer's invalid lines have no request id: counted at publishing
+                headers = DlqHeaders.from_kafka(message.headers())
+                self.ledger.record_dead_letter(message.key().decode(), headers.error_class)
+
+    def close(self) -> None:
+        self._consumer.close()

@@ -1,0 +1,212 @@
+"""``hsx run INPUT --model M --output DIR``: the whole pipeline on one machine.
+
+1. Check the local arguments (input, model directory, output) before anything starts.
+2. The broker: ``--bootstrap`` or ``HSX_KAFKA_BOOTSTRAP``, else the embedded one.
+3. Topics: the ``HSX_TOPIC_*`` names where given, else a fresh run-scoped set.
+4. Resume: request ids already in the output's index are skipped.
+5. Publish the input; with the first prompt to do, start the sink and the
+   extractor as child processes, the same services as in production, without
+   idle timeouts (an engine may take minutes to start).
+6. Follow ready events and dead letters until every published id is accounted
+   for, with a progress bar fed by the extractor's metrics.
+7. Drain both services (SIGTERM: flush, commit, leave) and print the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from extractor.cli import add_model_arguments, as_argv
+from hsx.dev.commands import extract_command, sink_command
+from hsx.dev.spawn import HsxService
+from hsx.dev.topics import fresh_topic_settings
+from hsx.ledger import Ledger, LedgerFeed
+from hsx.summary import RunReport, render
+from producer.cli import add_input_arguments, input_from_args
+from producer.publisher import InvalidPolicy, Mapping, Publisher, PublishSummary
+from producer.sources import SourceLine
+from runtime.broker import EmbeddedBroker
+from runtime.errors import ExitCode, UsageError
+from runtime.kafka import DeliveryTracker, ensure_topics, make_producer
+from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings
+from schemas import Topics
+from sink.reader import open_dataset
+
+LOST_AFTER_SECONDS = 120.0
+"""Once the extractor has finished every prompt, how long the ready events and
+dead letters of the rest may take before they count as lost."""
+SINK_FLUSH_WHEN_IDLE = "2"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_input_arguments(parser)
+    parser.add_argument("--output", type=Path, required=True, help="dataset directory (resumed if it has one)")
+    parser.add_argument("--bootstrap", help="a Kafka cluster (env HSX_KAFKA_BOOTSTRAP; default: an embedded broker)")
+    parser.add_argument("--partitions", type=int, default=2, help="partitions of run-scoped topics (default 2)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(model_actions=add_model_arguments(parser))
+
+
+@dataclass
+class RunPlan:
+    """Everything a run needs, checked before anything starts."""
+
+    model: Path
+    output: Path
+    lines: Iterable[SourceLine]
+    mapping: Mapping = field(default_factory=Mapping)
+    on_invalid: InvalidPolicy = InvalidPolicy.SKIP
+    engine_argv: list[str] = field(default_factory=list)
+    """``hsx extract`` flags for the model and vLLM (``--model`` aside)."""
+    bootstrap: str | None = None
+    partitions: int = 2
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not (self.model / "config.json").is_file():
+            raise UsageError(f"--model {self.model}: not a model directory (no config.json); hsx downloads nothing")
+        if self.output.exists() and not self.output.is_dir():
+            raise UsageError(f"--output {self.output}: exists and is not a directory")
+
+
+def run(args: argparse.Namespace) -> int:
+    lines, mapping, on_invalid = input_from_args(args)
+    forwarded = [a for a in args.model_actions if a.dest != "model"]
+    plan = RunPlan(model=Path(args.model), output=args.output, lines=lines, mapping=mapping, on_invalid=on_invalid,
+                   engine_argv=as_argv(forwarded, args), bootstrap=args.bootstrap, partitions=args.partitions,
+                   progress=not args.no_progress)
+    report = run_pipeline(plan)
+    print(render(report.rows()))
+    print(f"hsx run: {'done' if report.ok else 'FAILED'}; the dataset is in {plan.output}")
+    return ExitCode.OK if report.ok else ExitCode.FAILED
+
+
+def run_pipeline(plan: RunPlan) -> RunReport:
+    """Steps 2-7 of the module docstring."""
+    plan.output.mkdir(parents=True, exist_ok=True)
+    logs = plan.output / "logs"
+    logs.mkdir(exist_ok=True)
+    existing = set(open_dataset(plan.output).request_ids())
+    with _broker(plan.bootstrap) as bootstrap:
+        kafka = KafkaSettings(bootstrap=bootstrap)
+        topic_settings = _topics(plan.partitions)
+        topics = topic_settings.topics()
+        ensure_topics(kafka, topic_settings, [topics.prompts, topics.prompts_dlq, topics.blocks,
+                                              topics.blocks_dlq, topics.ready])
+        ledger = Ledger()
+        feed = LedgerFeed(kafka, topics, ledger)
+        group = f"hsx-run-{uuid.uuid4().hex[:8]}"
+        sink = HsxService("sink", sink_command(bootstrap, topic_settings, plan.output, "--flush-when-idle",
+                                               SINK_FLUSH_WHEN_IDLE, group=f"{group}-sink"), logs, stats=True)
+        extractor = HsxService("extractor", extract_command(bootstrap, topic_settings, plan.model, *plan.engine_argv,
+                                                            group=f"{group}-extractor", engine_flags=()),
+                               logs, stats=True)
+        started = time.monotonic()
+        services = (sink, extractor)
+
+        def sent(request_id: str) -> None:
+            if not ledger.published:  # the first prompt to do: start the services (engine start overlaps publishing)
+                for service in services:
+                    service.start()
+            ledger.published.add(request_id)
+
+        failures: list[str] = []
+        try:
+            published = _publish(kafka, topics, plan, existing, sent)
+            if ledger.published:
+                failures = _follow(ledger, feed, extractor, sink, plan.progress)
+                failures += _drain(extractor, sink)
+                _settle(ledger, feed)
+        finally:
+            feed.close()
+            for service in services:
+                if service.proc is not None and service.exited() is None:
+                    service.kill()
+    return RunReport(plan.output, published, ledger, extractor.read_stats(), sink.read_stats(),
+                     time.monotonic() - started, failures)
+
+
+@contextlib.contextmanager
+def _broker(bootstrap: str | None) -> Iterator[str]:
+    configured = bootstrap or os.environ.get("HSX_KAFKA_BOOTSTRAP")
+    if configured:
+        yield configured
+        return
+    with EmbeddedBroker() as broker:
+        print(f"hsx run: embedded broker at {broker.bootstrap}", file=sys.stderr)
+        yield broker.bootstrap
+
+
+def _topics(partitions: int) -> TopicSettings:
+    """The ``HSX_TOPIC_*`` names where any is set, else a run-scoped set."""
+    if any(name.startswith("HSX_TOPIC_") for name in os.environ):
+        return TopicSettings()
+    return fresh_topic_settings(prefix="hsx-run.", partitions=partitions)
+
+
+def _publish(kafka: KafkaSettings, topics: Topics, plan: RunPlan, existing: set[str],
+             sent: Callable[[str], None]) -> PublishSummary:
+    publisher = Publisher(DeliveryTracker(make_producer(kafka)), topics, plan.mapping,
+                          PromptLimitSettings().limits(), plan.on_invalid)
+    summary = publisher.publish(plan.lines, skip_ids=existing, on_sent=lambda event: sent(event.request_id))
+    print(f"hsx run: {summary.describe()}", file=sys.stderr)
+    return summary
+
+
+def _follow(ledger: Ledger, feed: LedgerFeed, extractor: HsxService, sink: HsxService, progress: bool) -> list[str]:
+    """Step 6: until every published id is accounted for, a service exits, or the
+    extractor is done and the rest does not come within :data:`LOST_AFTER_SECONDS`."""
+    total = len(ledger.published)
+    first_token_at: float | None = None
+    extracted_at: float | None = None
+    with tqdm(total=total, unit=" prompts", disable=not progress, file=sys.stderr, mininterval=0.5) as bar:
+        while ledger.accounted < total:
+            for service in (extractor, sink):
+                if service.exited() is not None:
+                    return [f"{service.name} exited with {service.exited()} (log: {service.log_path()})"]
+            feed.poll(0.5)
+            done = extractor.metric("hsx_extractor_prompts_total") + extractor.metric(
+                "hsx_extractor_dead_letters_total", labelled=True)
+            tokens = extractor.metric("hsx_extractor_tokens_total")
+            now = time.monotonic()
+            if tokens > 0 and first_token_at is None:
+                first_token_at = now
+            bar.n = max(ledger.accounted, int(done) if done == done else 0)  # NaN while the engine starts
+            rate = tokens / (now - first_token_at) if first_token_at and now > first_token_at else 0.0
+            bar.set_postfix_str(f"{rate:.0f} tokens/s", refresh=False)
+            bar.update(0)
+            if done >= total and extracted_at is None:
+                extracted_at = now
+            if extracted_at is not None and now - extracted_at > LOST_AFTER_SECONDS:
+                return []  # the rest is lost; the report says which
+    return []
+
+
+def _drain(extractor: HsxService, sink: HsxService) -> list[str]:
+    """Step 7: SIGTERM each service (extractor first, so the sink sees every block)."""
+    failures = []
+    for service in (extractor, sink):
+        if service.exited() is None:
+            status = service.stop(timeout=300)
+        else:
+            status = service.exited()
+        if status != 0:
+            failures.append(f"{service.name} exited with {status} (log: {service.log_path()})")
+    return failures
+
+
+def _settle(ledger: Ledger, feed: LedgerFeed, seconds: float = 10.0) -> None:
+    """The sink's drain publishes the ready events of its last shards: read them."""
+    deadline = time.monotonic() + seconds
+    while ledger.missing and time.monotonic() < deadline:
+        feed.poll(0.5)

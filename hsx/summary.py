@@ -1,0 +1,65 @@
+"""What a run did, as the table ``hsx run`` and ``hsx demo`` print at the end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hsx.ledger import Ledger
+from producer.publisher import PublishSummary
+
+
+@dataclass
+class RunReport:
+    output: Path
+    published: PublishSummary
+    ledger: Ledger
+    extracted: dict[str, Any]
+    """The extractor's final statistics (``--stats-file``)."""
+    sunk: dict[str, Any]
+    """The sink's final statistics."""
+    wall_seconds: float
+    failures: list[str] = field(default_factory=list)
+    """Services that did not finish cleanly, and why."""
+
+    @property
+    def lost(self) -> set[str]:
+        return self.ledger.missing
+
+    @property
+    def ok(self) -> bool:
+        """Every published prompt has a sample, and both services finished cleanly."""
+        return not self.failures and not self.lost and not self.ledger.failed
+
+    def stored_bytes(self) -> int:
+        """Bytes on disk of the shards this run wrote."""
+        shards = {event.shard for event in self.ledger.ready.values()}
+        return sum((self.output / shard).stat().st_size for shard in shards if (self.output / shard).exists())
+
+    def rows(self) -> list[tuple[str, str]]:
+        ledger, summary = self.ledger, self.published
+        samples = ledger.samples
+        tokens = sum(ledger.ready[r].num_tokens for r in samples)
+        raw, stored = self.sunk.get("raw_bytes", 0), self.stored_bytes()
+        by_class = ", ".join(f"{c} {n}" for c, n in sorted(ledger.dead_letters_by_class().items()))
+        rows = [
+            ("prompts published", f"{summary.sent}"),
+            ("skipped (already in the dataset)", f"{summary.skipped}"),
+            ("invalid input lines", f"{summary.invalid}"),
+            ("samples written", f"{len(samples)}"),
+            ("tokens", f"{tokens:,}"),
+            ("dead letters", f"{len(ledger.failed)}" + (f" ({by_class})" if by_class else "")),
+            ("lost", f"{len(self.lost)}"),
+            ("hidden-state bytes raw → stored", f"{raw:,} → {stored:,} ({raw / max(stored, 1):.2f}x)"),
+            ("extraction tokens/s", f"{self.extracted.get('tokens_per_second', 0.0):.0f}"),
+            ("wall time", f"{self.wall_seconds:.0f} s"),
+        ]
+        rows += [("failed", failure) for failure in self.failures]
+        return rows
+
+
+def render(rows: list[tuple[str, str]]) -> str:
+    """Two aligned columns."""
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
