@@ -6,9 +6,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 export HSX_CACHE_DIR ?= $(CURDIR)/.cache/hsx
-# Both cores for vLLM's CPU backend (it reserves one by default); ignored on GPUs.
-export VLLM_CPU_OMP_THREADS_BIND ?= 0-$(shell echo $$(( $$(nproc) - 1 )))
-export VLLM_CPU_KVCACHE_SPACE ?= 2
+# VLLM_CPU_KVCACHE_SPACE and VLLM_CPU_OMP_THREADS_BIND: the extractor picks them where
+# unset (extractor/cpu_defaults.py), so `make` and a plain shell run alike.
 
 HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 ifeq ($(HAS_CUDA),1)

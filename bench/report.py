@@ -231,8 +231,8 @@ def render(r: dict[str, Any]) -> str:
         ".venv/bin/python -m bench --preload none      # without LD_PRELOAD of libiomp5.so",
         "```",
         "",
-        "`make bench` sets `HSX_CACHE_DIR`, `VLLM_CPU_OMP_THREADS_BIND` (all cores) and `VLLM_CPU_KVCACHE_SPACE` "
-        "like `make test`; the broker is the embedded one unless `HSX_KAFKA_BOOTSTRAP` names another. Nothing is "
+        "`make bench` sets `HSX_CACHE_DIR` like `make test`; the bench sets `VLLM_CPU_KVCACHE_SPACE=2` unless set, "
+        "and the extractor binds `VLLM_CPU_OMP_THREADS_BIND` to all cores; the broker is the embedded one unless `HSX_KAFKA_BOOTSTRAP` names another. Nothing is "
         "downloaded at run time.",
         "",
     ]

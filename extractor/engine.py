@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.errors import UsageError
 from schemas.connector import EXTRA_CONFIG_KEY, PARAMS_KEY, ConnectorConfig, RequestParams
 
 
@@ -78,9 +79,21 @@ class Engine:
     """One ``AsyncLLM``; must live on a single event loop for its lifetime."""
 
     def __init__(self, options: EngineOptions, connector: ConnectorConfig) -> None:
+        """Start vLLM. On CPU, first set the ``VLLM_CPU_*`` defaults the user did not
+        (engine processes inherit ``os.environ``); a start that fails for lack of
+        memory becomes a one-line :class:`UsageError` naming what to change."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self._llm = AsyncLLM.from_engine_args(engine_args(options, connector))
+        from extractor.cpu_defaults import apply_cpu_defaults, explain_start_failure
+
+        apply_cpu_defaults(options)
+        try:
+            self._llm = AsyncLLM.from_engine_args(engine_args(options, connector))
+        except (RuntimeError, ValueError) as exc:  # the worker's own error stays in its process
+            reason = explain_start_failure(options, exc)
+            if reason is None:
+                raise
+            raise UsageError(reason) from exc
 
     async def prefill(self, token_ids: list[int], params: RequestParams) -> None:
         """Run one prompt (max_tokens=1). Returns when vLLM's output is back: the

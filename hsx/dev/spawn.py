@@ -1,6 +1,6 @@
 """hsx services as child processes, the way a user runs them: ``python -m
 hsx.cli ARGS`` with its output in a log file, its operations endpoint on a free
-port and, for a CPU machine, the environment vLLM wants (:func:`cpu_engine_env`).
+port and an environment without the model hub (:func:`cpu_engine_env`).
 
 Each process starts a session (and process group) of its own, so a kill takes
 vLLM's engine processes with it, as when a pod or a machine dies, and a Ctrl-C
@@ -28,12 +28,12 @@ from runtime.broker import free_port
 
 
 def cpu_engine_env(**overrides: str) -> dict[str, str]:
-    """The environment for vLLM child processes on a CPU development machine: all
-    cores for the engine (vLLM reserves one by default), a 2 GiB KV cache, no hub;
-    ``overrides`` last (e.g. ``VLLM_CPU_OMP_THREADS_BIND="0"``)."""
+    """The environment for hsx child processes on a development machine: this
+    process's, without the hub; ``overrides`` last (e.g.
+    ``VLLM_CPU_OMP_THREADS_BIND="0"``). The extractor picks the CPU engine's KV cache
+    and thread binding itself where these leave them unset
+    (:mod:`extractor.cpu_defaults`)."""
     env = dict(os.environ)
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     env["HF_HUB_OFFLINE"] = "1"
     env.update(overrides)
     return env

@@ -1,0 +1,280 @@
+"""Defaults for vLLM's CPU engine where the user set none: a KV cache sized from
+``--max-model-len``, ``--max-num-seqs`` and the free memory
+(``VLLM_CPU_KVCACHE_SPACE``), and compute threads bound to every usable core
+(``VLLM_CPU_OMP_THREADS_BIND``).
+
+Why: without ``VLLM_CPU_KVCACHE_SPACE`` vLLM's CPU worker reserves
+``gpu_memory_utilization`` (0.92) of the NUMA node's memory and refuses to start
+when less is free, which is the usual case on a machine doing anything else; and by
+default it binds its threads to one core and reserves the others.
+
+:func:`cpu_engine_defaults` is the pure computation (unit-tested);
+:func:`apply_cpu_defaults` reads the machine, sets ``os.environ`` before vLLM starts
+its engine processes (they inherit it) and logs what it chose;
+:func:`start_failure_reason` turns a failed start for lack of memory into one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+GiB = 1 << 30
+KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+VLLM_DEFAULT_MAX_NUM_SEQS = 128
+"""vLLM's ``SchedulerConfig.DEFAULT_MAX_NUM_SEQS``: ``AsyncLLM.from_engine_args``
+runs under ``UsageContext.ENGINE_CONTEXT``, for which ``get_batch_defaults`` has no
+CPU-specific value (its 256/128 are for the LLM class and the API server)."""
+CPU_BLOCK_SIZE = 128
+"""Tokens per KV cache block on vLLM's CPU platform unless ``block_size`` is set."""
+KV_FRACTION = 0.25
+"""Share of the memory left after the weights and vLLM's processes that the cache
+may take. vLLM allocates the whole cache up front for the process's lifetime, hsx
+requests leave it right after their prefill, and one machine runs the broker, a sink
+and sometimes several engines."""
+KV_FLOOR_GIB = 2
+"""Whole GiB the cache gets even where :data:`KV_FRACTION` gives less, if the room
+has them: the size hsx's tests and benchmarks always ran with."""
+ENGINE_OVERHEAD = 2 * GiB
+"""vLLM's frontend, engine-core and worker processes with torch loaded, before the
+KV cache (about 1.2 GiB measured for the tiny model; rounded up)."""
+MEMORY_ARGS = ("kv_cache_memory_bytes", "gpu_memory_utilization")
+"""Engine arguments by which the user sizes vLLM's memory; ``VLLM_CPU_KVCACHE_SPACE``
+would override them, so hsx then leaves it unset."""
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of the model's (and cache's) dtype; ``auto`` and anything
+    unknown count as float32, the most vLLM's CPU backend uses."""
+    return _DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 4)
+
+
+def _attention_shape(config: Any) -> tuple[int, int, int]:
+    """Query heads, key/value heads and head size of a text config."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return heads, getattr(config, "num_key_value_heads", None) or heads, head_dim
+
+
+def kv_bytes_per_token(config: Any, element_bytes: int, num_hidden_states: int) -> int:
+    """vLLM's cache per token: keys and values of every attention layer, plus the
+    ``extract_hidden_states`` draft's cache-only layer holding ``num_hidden_states``
+    vectors of ``hidden_size``. Its ``HiddenStateCacheSpec`` is a full-attention spec,
+    so it shares the attention layers' blocks (vLLM's "CPU KV cache size" log line
+    agrees: 38,784 tokens in 2 GiB for SmolLM2 with 4 layers extracted)."""
+    _, kv_heads, head_dim = _attention_shape(config)
+    attention = config.num_hidden_layers * 2 * kv_heads * head_dim
+    return element_bytes * (attention + num_hidden_states * config.hidden_size)
+
+
+def weight_bytes(config: Any, element_bytes: int) -> int:
+    """The weights of a Llama-shaped decoder (an estimate: embeddings, attention and
+    a gated MLP per layer; every expert of a mixture of experts)."""
+    hidden = config.hidden_size
+    heads, kv_heads, head_dim = _attention_shape(config)
+    intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None) or 1
+    embeddings = config.vocab_size * hidden * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+    layer = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 3 * hidden * intermediate * experts
+    return element_bytes * (embeddings + config.num_hidden_layers * layer)
+
+
+def cpu_list(cpus: Iterable[int]) -> str:
+    """``{0, 1, 2, 5}`` as vLLM's id list: ``0-2,5``."""
+    ranges: list[list[int]] = []
+    for cpu in sorted(set(cpus)):
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+@dataclass(frozen=True)
+class CpuDefaults:
+    """What :func:`cpu_engine_defaults` chose: ``env`` to set, ``kept`` the user's."""
+
+    env: dict[str, str]
+    kept: dict[str, str] = field(default_factory=dict)
+    sequences: int = 0
+    """Sequences of ``max_model_len`` tokens the chosen cache holds (0: not chosen)."""
+    wanted: int = 0
+    max_model_len: int = 0
+    room: int = 0
+    """Bytes left after the weights and vLLM's processes."""
+
+    def describe(self) -> str:
+        """One line for the log: each variable, and where it came from."""
+        parts = []
+        for name in (KV_ENV, BIND_ENV):
+            if name in self.kept:
+                parts.append(f"{name}={self.kept[name]} (yours)")
+            elif name == KV_ENV and name in self.env:
+                held = f"{min(self.sequences, self.wanted)} × {self.max_model_len} tokens"
+                capped = (f" (of {self.wanted} wanted: capped by {_gib(self.room)} free)"
+                          if self.sequences < self.wanted else "")
+                parts.append(f"{name}={self.env[name]} (GiB) for {held}{capped}")
+            elif name in self.env:
+                parts.append(f"{name}={self.env[name]}")
+            elif name == KV_ENV:
+                parts.append("KV cache sized by vLLM (--engine-arg)")
+        return ", ".join(parts)
+
+
+def cpu_engine_defaults(config: Any, *, dtype: str, max_model_len: int, max_num_seqs: int | None,
+                        num_hidden_states: int, available_bytes: int, cpus: Iterable[int],
+                        environ: Mapping[str, str], world_size: int = 1, block_size: int | None = None,
+                        memory_args: bool = False, is_cpu: bool = True) -> CpuDefaults | None:
+    """The ``VLLM_CPU_*`` variables to set for one engine (``None`` off CPU).
+
+    KV cache: enough for ``max_num_seqs`` sequences of ``max_model_len`` tokens (plus
+    the block vLLM holds back), at most :data:`KV_FRACTION` of the room (the memory
+    left after the weights and :data:`ENGINE_OVERHEAD`) or :data:`KV_FLOOR_GIB` if
+    that is more and fits, at least one sequence, in whole GiB (vLLM reads the
+    variable as an integer). Threads: bound to ``cpus`` when the
+    engine has one rank (with more, vLLM's ``auto`` splits the cores between them).
+    A variable in ``environ`` is kept, and a KV cache size the user chose is checked.
+    Raises :class:`UsageError` when one sequence cannot fit.
+    """
+    if not is_cpu:
+        return None
+    element = dtype_bytes(dtype)
+    block = block_size or CPU_BLOCK_SIZE
+    per_token = kv_bytes_per_token(config, element, num_hidden_states)
+    sequence = math.ceil(max_model_len / block) * block * per_token  # vLLM allocates whole blocks
+    null = block * per_token  # BlockPool's permanently reserved block
+    one = sequence + null
+    weights = weight_bytes(config, element)
+    room = available_bytes - weights - ENGINE_OVERHEAD
+    env: dict[str, str] = {}
+    kept = {name: environ[name] for name in (KV_ENV, BIND_ENV) if environ.get(name)}
+    wanted = max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS
+    sequences = 0
+    if KV_ENV in kept:
+        _check_users_cache(kept[KV_ENV], one, max_model_len, available_bytes - weights)
+    elif not memory_args:
+        least = max(1, math.ceil(one / GiB))
+        if least * GiB * world_size > room:
+            raise UsageError(
+                f"not enough memory for the CPU engine: one --max-model-len {max_model_len} sequence needs "
+                f"{_gib(one)} of KV cache ({KV_ENV} counts whole GiB, at least 1), but only {_gib(room)} of the "
+                f"{_gib(available_bytes)} available is left after the weights ({_gib(weights)}) and vLLM's "
+                f"processes ({_gib(ENGINE_OVERHEAD)}); lower --max-model-len or free memory")
+        cap = max(int(room * KV_FRACTION / world_size // GiB), min(KV_FLOOR_GIB, int(room / world_size // GiB)))
+        full = math.ceil((wanted * sequence + null) / GiB)
+        gib = max(least, min(full, cap))
+        env[KV_ENV] = str(gib)
+        sequences = (gib * GiB - null) // sequence
+    if BIND_ENV not in kept and world_size == 1:
+        env[BIND_ENV] = cpu_list(cpus)
+    return CpuDefaults(env, kept, sequences, wanted, max_model_len, room)
+
+
+def _check_users_cache(value: str, one: int, max_model_len: int, room: int) -> None:
+    """The user's ``VLLM_CPU_KVCACHE_SPACE``: vLLM would fail with a traceback where
+    it holds less than one sequence or more than the memory there is."""
+    try:
+        size = int(value) * GiB
+    except ValueError:
+        raise UsageError(f"{KV_ENV} is whole GiB (e.g. 2), got {value!r}") from None
+    if size < one:
+        raise UsageError(f"{KV_ENV}={value} GiB holds less than one --max-model-len {max_model_len} sequence "
+                         f"(needs {_gib(one)}): raise {KV_ENV} or lower --max-model-len")
+    if size > room:
+        raise UsageError(f"{KV_ENV}={value} GiB is more than the {_gib(room)} of memory available after the "
+                         f"model weights: lower {KV_ENV} (or unset it: hsx then sizes the cache)")
+
+
+def start_failure_reason(message: str, environ: Mapping[str, str], available_bytes: int,
+                         weights: int) -> str | None:
+    """One line for a vLLM engine start that failed for lack of memory, or ``None``.
+
+    The worker's ``ValueError`` stays in its own process (the caller sees "Engine core
+    initialization failed"), so besides its text this checks the numbers again: a
+    cache that no longer fits beside the weights and vLLM's processes."""
+    kv = environ.get(KV_ENV, "")
+    said_memory = "memory" in message.lower()
+    if kv.isdigit():
+        short = int(kv) * GiB + weights + ENGINE_OVERHEAD > available_bytes
+        if said_memory or short:
+            return (f"vLLM's CPU engine did not start: {KV_ENV}={kv} GiB of KV cache does not fit beside the "
+                    f"weights and vLLM's processes in the {_gib(available_bytes)} of memory available; "
+                    f"lower {KV_ENV}, --max-model-len or --max-num-seqs, or free memory")
+    elif said_memory:  # the user sized memory through --engine-arg
+        return (f"vLLM's CPU engine did not start for lack of memory ({_gib(available_bytes)} available): set "
+                f"{KV_ENV} (GiB of KV cache) or lower --engine-arg gpu_memory_utilization")
+    return None
+
+
+_applied: dict[str, str] = {}
+"""What this process set already: a second engine in it may choose anew."""
+
+
+def _setting(options: Any, name: str) -> Any:
+    return options.engine_args.get(name, getattr(options, name, None))
+
+
+def available_memory() -> int:
+    """Free memory as vLLM's CPU worker will see it: the lower of the system's
+    ``MemAvailable`` and vLLM's figure for the NUMA node of the first usable CPU
+    (node-local, and clamped by a cgroup limit)."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    try:
+        from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+
+        available = min(available, get_memory_node_info(get_allowed_cpu_list()[0].numa_node).available_memory)
+    except Exception as exc:  # no NUMA information: the system figure stands
+        log.debug("vLLM's memory node info unavailable: %s", exc)
+    return available
+
+
+def apply_cpu_defaults(options: Any) -> CpuDefaults | None:
+    """Set the ``VLLM_CPU_*`` defaults for ``options`` (an ``EngineOptions``) in
+    ``os.environ`` and log them; nothing off CPU."""
+    from vllm.platforms import current_platform
+
+    from extractor.engine import text_config
+
+    if not current_platform.is_cpu():
+        return None
+    environ = {k: v for k, v in os.environ.items() if _applied.get(k) != v}
+    defaults = cpu_engine_defaults(
+        text_config(options.model), dtype=_setting(options, "dtype"),
+        max_model_len=_setting(options, "max_model_len"), max_num_seqs=_setting(options, "max_num_seqs"),
+        num_hidden_states=len(options.layer_ids), available_bytes=available_memory(),
+        cpus=os.sched_getaffinity(0), environ=environ,
+        world_size=_setting(options, "tensor_parallel_size") * _setting(options, "data_parallel_size"),
+        block_size=_setting(options, "block_size"), memory_args=any(k in options.engine_args for k in MEMORY_ARGS))
+    assert defaults is not None
+    os.environ.update(defaults.env)
+    _applied.update(defaults.env)
+    log.info("CPU engine: %s", defaults.describe())
+    return defaults
+
+
+def explain_start_failure(options: Any, exc: BaseException) -> str | None:
+    """:func:`start_failure_reason` for a failed start of ``options``' engine."""
+    from vllm.platforms import current_platform
+
+    from extractor.engine import text_config
+
+    if not current_platform.is_cpu():
+        return None
+    weights = weight_bytes(text_config(options.model), dtype_bytes(_setting(options, "dtype")))
+    return start_failure_reason(str(exc), os.environ, available_memory(), weights)
