@@ -1,0 +1,73 @@
+"""``hsx run`` from a plain shell (no ``VLLM_*`` or ``HSX_*`` variables): the
+whole pipeline on its own embedded broker, finished by accounting rather than
+idle timeouts, resumed on the same output, with dead letters reported."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+
+from hsx import models
+from hsx.reference import HFReference, max_relative_error
+from sink.reader import open_dataset
+from sink.shards import read_indexes
+from sink.storage import LocalStorage
+
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
+
+ENGINE = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256"]
+
+
+def _prompts(ids: range) -> list[dict[str, object]]:
+    chats = [{"role": "user", "content": "what is a draft model?"}, {"role": "assistant", "content": "a small one"}]
+    return [{"request_id": f"run-{i}", "prompt": f"prompt number {i} about speculative decoding"} if i % 2 else
+            {"request_id": f"run-{i}", "messages": chats} for i in ids]
+
+
+def _hsx_run(tmp_path: Path, name: str, prompts: list[dict[str, object]], output: Path,
+             model: Path) -> subprocess.CompletedProcess[str]:
+    source = tmp_path / f"{name}.jsonl"
+    source.write_bytes(b"\n".join(orjson.dumps(p) for p in prompts) + b"\n")
+    plain = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "HSX_"))}
+    return subprocess.run([sys.executable, "-m", "hsx.cli", "run", str(source), "--model", str(model), "--output",
+                           str(output), "--no-progress", *ENGINE], env=plain, capture_output=True, text=True,
+                          timeout=900)
+
+
+def _row(stdout: str, name: str) -> str:
+    """The value of one row of the summary table."""
+    line = next(line for line in stdout.splitlines() if line.strip().startswith(name))
+    return line.strip()[len(name):].strip()
+
+
+def test_run_extracts_resumes_and_reports_dead_letters(tmp_path: Path) -> None:
+    model = models.prepare(names=["tiny-llama"])["tiny-llama"]
+    output = tmp_path / "dataset"
+
+    first = _hsx_run(tmp_path, "first", _prompts(range(6)), output, model)
+    assert first.returncode == 0, first.stdout + first.stderr[-4000:]
+    assert _row(first.stdout, "samples written") == "6"
+    assert _row(first.stdout, "lost") == "0"
+    dataset = open_dataset(output)
+    assert sorted(dataset.request_ids()) == [f"run-{i}" for i in range(6)]
+    sample = dataset["run-1"]
+    reference = HFReference(model).hidden_states(sample["token_ids"].tolist(), dataset.event("run-1").layer_ids)
+    assert max_relative_error(sample["hidden_states"], reference) <= 1e-4
+
+    # The same output again: the first six are skipped, two new ones are added, and
+    # one prompt longer than --max-model-len is dead-lettered (so the run fails).
+    too_long = {"request_id": "run-long", "token_ids": list(range(5, 400))}
+    second = _hsx_run(tmp_path, "second", _prompts(range(8)) + [too_long], output, model)
+    assert second.returncode == 1, second.stdout + second.stderr[-4000:]
+    assert _row(second.stdout, "skipped (already in the dataset)") == "6"
+    assert _row(second.stdout, "samples written") == "2"
+    assert _row(second.stdout, "dead letters") == "1 (prompt_too_long 1)"
+    assert _row(second.stdout, "lost") == "0"
+    counts = Counter(e.request_id for index in read_indexes(LocalStorage(output)) for e in index.events)
+    assert counts == Counter({f"run-{i}": 1 for i in range(8)})
