@@ -85,7 +85,11 @@ def run(args: argparse.Namespace) -> int:
     plan = RunPlan(model=Path(args.model), output=args.output, lines=lines, mapping=mapping, on_invalid=on_invalid,
                    engine_argv=as_argv(forwarded, args), bootstrap=args.bootstrap, partitions=args.partitions,
                    progress=not args.no_progress)
-    report = run_pipeline(plan)
+    try:
+        report = run_pipeline(plan)
+    except KeyboardInterrupt:  # the services were killed; nothing unfinished was committed
+        print(f"hsx run: interrupted; run the same command again to resume into {plan.output}", file=sys.stderr)
+        return 130
     print(render(report.rows()))
     print(f"hsx run: {'done' if report.ok else 'FAILED'}; the dataset is in {plan.output}")
     return ExitCode.OK if report.ok else ExitCode.FAILED

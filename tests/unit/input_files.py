@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 import pyarrow as pa
@@ -14,6 +15,9 @@ import pyarrow.parquet as pq
 
 from producer.publisher import Mapping
 from producer.sources import DatasetFormat
+
+if TYPE_CHECKING:  # imported lazily at run time: an optional extra
+    import datasets
 
 Rows = list[dict]
 
@@ -95,7 +99,7 @@ def write_hf_dataset_dict(rows: Rows, path: Path, train_rows: int) -> Path:
     return path
 
 
-def _hf_dataset(rows: Rows) -> "datasets.Dataset":  # noqa: F821 (imported lazily)
+def _hf_dataset(rows: Rows) -> datasets.Dataset:
     import datasets
 
     return datasets.Dataset.from_dict(table_of(rows).to_pydict())  # from_list also takes the first row's fields
