@@ -48,6 +48,7 @@ class Attempts:
                 source=source,
                 loss_mask_spans=prepared.loss_mask_spans,
                 metadata=event.metadata,
+                generation=event.generation,
             )
             future = self._completions.expect(params.attempt_id)
             try:

@@ -96,13 +96,14 @@ class Engine:
             raise UsageError(reason) from exc
 
     async def prefill(self, token_ids: list[int], params: RequestParams) -> None:
-        """Run one prompt (max_tokens=1). Returns when vLLM's output is back: the
-        hidden states are in the cache, *not yet* in Kafka."""
+        """Run one request: a prefill (``max_tokens=1``), or the verifier's answer
+        with ``params.generation``'s sampling parameters. Returns when vLLM's output
+        is back: the hidden states are in the cache, *not yet* in Kafka."""
         from vllm import SamplingParams, TokensPrompt
 
+        generation = params.generation.sampling_kwargs() if params.generation else {"max_tokens": 1, "temperature": 0.0}
         sampling = SamplingParams(
-            max_tokens=1,
-            temperature=0.0,
+            **generation,  # type: ignore[arg-type]
             extra_args={"kv_transfer_params": {PARAMS_KEY: params.model_dump(mode="json")}},
         )
         async for _ in self._llm.generate(TokensPrompt(prompt_token_ids=token_ids), sampling, request_id=params.attempt_id):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import Rejection
-from schemas import ErrorClass, Message, PromptEvent
+from schemas import ErrorClass, Generation, Message, PromptEvent
 
 
 class PromptRejected(Rejection):
@@ -33,8 +33,7 @@ class PromptPreparer:
     def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int) -> None:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
-        # max_tokens=1: the prompt plus one sampled token must fit the context.
-        self._max_prompt_tokens = max_model_len - 1
+        self._max_model_len = max_model_len
 
     def prepare(self, event: PromptEvent) -> PreparedPrompt:
         """Raises :class:`PromptRejected` with a rule name and a reason."""
@@ -45,15 +44,24 @@ class PromptPreparer:
             self._check_vocabulary(prepared.token_ids)
         else:
             assert event.messages is not None
-            prepared = self._chat(event.messages)
+            prepared = self._chat(_turns_to_keep(event.messages, event.generation), event.generation is not None)
         if not prepared.token_ids:
             raise PromptRejected(ErrorClass.EMPTY_PROMPT, "the prompt is empty after tokenization")
-        if len(prepared.token_ids) > self._max_prompt_tokens:
-            raise PromptRejected(
-                ErrorClass.PROMPT_TOO_LONG,
-                f"{len(prepared.token_ids)} tokens; at most {self._max_prompt_tokens} fit max_model_len",
-            )
+        self._check_room(len(prepared.token_ids), event.generation)
         return prepared
+
+    def _check_room(self, prompt_tokens: int, generation: Generation | None) -> None:
+        """The prompt plus every token the engine may add must fit the context: a
+        prompt that cannot take its whole answer is rejected before generating
+        anything, so every sample's answer obeys its own ``max_tokens``."""
+        if generation is None:  # max_tokens=1: the prompt plus one sampled token
+            if prompt_tokens > self._max_model_len - 1:
+                raise PromptRejected(ErrorClass.PROMPT_TOO_LONG,
+                                     f"{prompt_tokens} tokens; at most {self._max_model_len - 1} fit max_model_len")
+        elif prompt_tokens + generation.max_tokens > self._max_model_len:
+            raise PromptRejected(ErrorClass.PROMPT_TOO_LONG,
+                                 f"{prompt_tokens} prompt tokens + max_tokens {generation.max_tokens} do not fit "
+                                 f"max_model_len {self._max_model_len}")
 
     def _check_vocabulary(self, token_ids: list[int]) -> None:
         bad = [(i, t) for i, t in enumerate(token_ids) if t >= self._vocab_size]
@@ -73,9 +81,11 @@ class PromptPreparer:
         except Exception as exc:  # jinja2 errors, raise_exception() in templates, missing template
             raise PromptRejected(ErrorClass.CHAT_TEMPLATE_ERROR, f"the chat template rejected the messages: {exc}") from exc
 
-    def _chat(self, messages: list[Message]) -> PreparedPrompt:
+    def _chat(self, messages: list[Message], answer: bool = False) -> PreparedPrompt:
+        """Render a chat; with ``answer``, ending in the generation prompt the
+        verifier answers after. The loss mask marks the given assistant turns."""
         dicts = [{"role": m.role, "content": m.content} for m in messages]
-        text = self._render(dicts)
+        text = self._render(dicts, add_generation_prompt=answer)
         char_spans = []
         for i, message in enumerate(messages):
             if message.role != "assistant":
@@ -108,3 +118,16 @@ def _token_spans(offsets: list[tuple[int, int]], char_spans: list[tuple[int, int
         else:
             spans.append((index, index + 1))
     return spans
+
+
+def _turns_to_keep(messages: list[Message], generation: Generation | None) -> list[Message]:
+    """The turns the verifier answers after: without generation, all of them; with
+    it, all but a final assistant turn, which the verifier's answer replaces."""
+    if generation is None:
+        return messages
+    earlier = messages[:-1] if messages[-1].role == "assistant" else messages
+    if generation.turns == "all" and any(m.role == "assistant" for m in earlier):
+        raise PromptRejected(ErrorClass.GENERATION_FAILED,
+                             "regenerating every assistant turn of a multi-turn chat (turns='all') is not implemented "
+                             "yet; turns='last' keeps the earlier turns and regenerates the final answer")
+    return earlier

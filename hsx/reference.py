@@ -32,6 +32,25 @@ class HFReference:
         return torch.stack(layers, dim=1)
 
 
+    @torch.no_grad()
+    def greedy(self, token_ids: list[int], max_new_tokens: int, stop_token_ids: tuple[int, ...] = ()) -> list[int]:
+        """Greedy decoding (the argmax at every step) of up to ``max_new_tokens``
+        after ``token_ids``, ending after a token of ``stop_token_ids``: nothing
+        else stops it, as vLLM with ``ignore_eos`` and ``stop_token_ids``."""
+        ids = list(token_ids)
+        past = None
+        step = torch.tensor([ids])
+        for _ in range(max_new_tokens):
+            out = self.model(step, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            token = int(out.logits[0, -1].argmax())
+            ids.append(token)
+            if token in stop_token_ids:
+                break
+            step = torch.tensor([[token]])
+        return ids[len(token_ids):]
+
+
 def max_relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """``max |actual - expected| / max |expected|``."""
     return float((actual.float() - expected).abs().max() / expected.abs().max())

@@ -15,7 +15,7 @@ from producer.sources import DatasetFormat, MappingError, SourceLine, to_event_d
 from runtime.kafka import DeliveryTracker
 from runtime.kafka.dead_letters import DeadLetters
 from runtime.errors import Rejection
-from schemas import DEFAULT_LIMITS, ErrorClass, PromptEvent, PromptLimits, Topics, format_validation_error
+from schemas import DEFAULT_LIMITS, ErrorClass, Generation, PromptEvent, PromptLimits, Topics, format_validation_error
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,8 @@ class Mapping:
     text_field: str = "text"
     id_field: str | None = None
     metadata_fields: tuple[str, ...] = ()
+    generation: Generation | None = None
+    """Attached to every event that does not ask for a generation of its own."""
 
 
 @dataclass
@@ -81,6 +83,8 @@ def parse_line(line: SourceLine, mapping: Mapping, limits: PromptLimits = DEFAUL
         raise InvalidLine(line, ErrorClass.INVALID_JSON, f"not valid JSON: {exc}") from exc
     except MappingError as exc:
         raise InvalidLine(line, ErrorClass.INVALID_SHAPE, str(exc)) from exc
+    if mapping.generation is not None and isinstance(event, dict) and "generation" not in event:
+        event["generation"] = mapping.generation.model_dump(exclude_none=True)
     try:
         return PromptEvent.model_validate_json(orjson.dumps(event), context={"limits": limits})
     except ValidationError as exc:

@@ -15,7 +15,9 @@ from schemas.blocks import (
 )
 from schemas.common import SCHEMA_VERSION, RequestId, StrictModel, format_validation_error
 from schemas.dlq import DlqHeaders, ErrorClass
-from schemas.prompt import DEFAULT_LIMITS, Message, PromptEvent, PromptKind, PromptLimits
+from schemas.generation import FinishReason, GeneratedTurn, Generation, GenerationRecord
+from schemas.limits import DEFAULT_LIMITS, PromptLimits
+from schemas.prompt import Message, PromptEvent, PromptKind
 from schemas.ready import HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
 from schemas.topics import Topics
 
@@ -29,6 +31,10 @@ __all__ = [
     "DType",
     "DlqHeaders",
     "ErrorClass",
+    "FinishReason",
+    "GeneratedTurn",
+    "Generation",
+    "GenerationRecord",
     "HiddenStatesReady",
     "Manifest",
     "Message",

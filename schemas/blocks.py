@@ -15,9 +15,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
-from schemas.common import SCHEMA_VERSION, NonNegativeInt, RequestId, StrictModel, TokenId
+from schemas.common import SCHEMA_VERSION, NonNegativeInt, PositiveInt, RequestId, StrictModel, TokenId
+from schemas.generation import GenerationRecord
 
-PositiveInt = Annotated[int, Field(gt=0)]
 AttemptId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
 """One extraction attempt of one request (uuid4 hex). A retried request gets a new
 attempt id; the sink keeps exactly one attempt per request_id."""
@@ -178,6 +178,8 @@ class Manifest(StrictModel):
     blocks: list[BlockRef] = Field(min_length=1)
     metadata: dict[str, JsonValue] | None = None
     source: SourceRef
+    generation: GenerationRecord | None = None
+    """How the answer in ``token_ids`` was generated, when the prompt asked for one."""
 
     @field_validator("layer_ids")
     @classmethod
@@ -200,4 +202,7 @@ class Manifest(StrictModel):
         for start, end in self.loss_mask_spans or []:
             if not start < end <= self.num_tokens:
                 raise ValueError(f"loss mask span [{start}, {end}) outside [0, {self.num_tokens})")
+        for turn in self.generation.turns if self.generation else []:
+            if not turn.token_start < turn.token_end <= self.num_tokens + 1:  # + the final token
+                raise ValueError(f"generated turn [{turn.token_start}, {turn.token_end}) outside the sequence")
         return self

@@ -27,6 +27,7 @@ RequestId = Annotated[str, AfterValidator(_check_request_id)]
 """1-128 chars of ``[A-Za-z0-9._:-]``, never ``.``/``..``: safe as a file or tensor name."""
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
+PositiveInt = Annotated[int, Field(gt=0)]
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 

@@ -10,8 +10,9 @@ from typing import Annotated
 
 from pydantic import Field, JsonValue
 
-from schemas.blocks import AttemptId, Codec, PositiveInt, SourceRef
-from schemas.common import NonNegativeInt, RequestId, StrictModel
+from schemas.blocks import AttemptId, Codec, SourceRef
+from schemas.common import NonNegativeInt, PositiveInt, RequestId, StrictModel
+from schemas.generation import Generation
 
 PARAMS_KEY = "hsx"
 """Key of :class:`RequestParams` inside a request's ``kv_transfer_params``."""
@@ -27,6 +28,9 @@ class RequestParams(StrictModel):
     source: SourceRef
     loss_mask_spans: list[tuple[NonNegativeInt, PositiveInt]] | None = None
     metadata: dict[str, JsonValue] | None = None
+    generation: Generation | None = None
+    """Set when the engine generates: the connector then captures every input token
+    (prompt and answer) and records the answer in the manifest."""
 
 
 class ConnectorConfig(StrictModel):

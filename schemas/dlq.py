@@ -31,6 +31,7 @@ class ErrorClass(StrEnum):
     CHAT_TEMPLATE_UNSUPPORTED = "chat_template_unsupported"
     ENGINE_REJECTED = "engine_rejected"
     EXTRACTION_FAILED = "extraction_failed"
+    GENERATION_FAILED = "generation_failed"
     # sink: block records and manifests
     INVALID_RECORD = "invalid_record"
     INVALID_MANIFEST = "invalid_manifest"

@@ -7,7 +7,6 @@ come from a :class:`PromptLimits` passed as validation context
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
@@ -21,34 +20,11 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from schemas.common import SCHEMA_VERSION, RequestId, StrictModel, TokenId
+from schemas.generation import Generation
+from schemas.limits import DEFAULT_LIMITS, limits_of as _limits
 
 Role = Literal["system", "user", "assistant", "tool"]
 PromptKind = Literal["prompt", "token_ids", "messages"]
-
-
-@dataclass(frozen=True)
-class PromptLimits:
-    """Upper bounds on one prompt event. Every bound keeps one hostile record from
-    costing a service unbounded memory or time."""
-
-    max_event_bytes: int = 4 * 1024 * 1024
-    max_prompt_chars: int = 1_000_000
-    max_token_ids: int = 131_072
-    max_messages: int = 1_024
-    max_message_chars: int = 1_000_000
-    max_metadata_bytes: int = 64 * 1024
-    max_metadata_depth: int = 8
-
-
-DEFAULT_LIMITS = PromptLimits()
-
-
-def _limits(info: ValidationInfo) -> PromptLimits:
-    context = info.context or {}
-    limits = context.get("limits", DEFAULT_LIMITS)
-    if not isinstance(limits, PromptLimits):
-        raise TypeError("validation context 'limits' must be a PromptLimits")
-    return limits
 
 
 def _depth(value: Any) -> int:
@@ -87,6 +63,8 @@ class PromptEvent(StrictModel):
     token_ids: list[TokenId] | None = None
     messages: list[Message] | None = None
     metadata: dict[str, JsonValue] | None = None
+    generation: Generation | None = None
+    """Let the verifier answer, and capture prompt + answer (see :mod:`schemas.generation`)."""
 
     @classmethod
     def model_validate_json(  # type: ignore[override]

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, JsonValue
 
 from schemas.blocks import Checksum, DType, PositiveInt
+from schemas.generation import GenerationRecord
 from schemas.common import SCHEMA_VERSION, NonNegativeInt, RequestId, StrictModel
 
 
@@ -49,6 +50,9 @@ class HiddenStatesReady(StrictModel):
     checksum: Checksum
     """Of the stored hidden-states tensor's raw bytes."""
     metadata: dict[str, JsonValue] | None = None
+    generation: GenerationRecord | None = None
+    """How the answer was generated (token ranges, finish reasons, parameters,
+    the final token), when the prompt asked for one."""
 
 
 def ready_event_id(dataset: str, request_id: str) -> str:

@@ -96,7 +96,7 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
         events.append(HiddenStatesReady(
             event_id=ready_event_id(dataset, rid), request_id=rid, shard=shard_path, tensors=names,
             num_tokens=m.num_tokens, layer_ids=m.layer_ids, dtype=m.dtype, hidden_size=m.hidden_size,
-            model=m.model, checksum=checksum(sample.hidden_states), metadata=m.metadata))
+            model=m.model, checksum=checksum(sample.hidden_states), metadata=m.metadata, generation=m.generation))
     first = shard.samples[0].manifest
     metadata = ShardMetadata(
         model=first.model, layer_ids=first.layer_ids, dtype=first.dtype, hidden_size=first.hidden_size,

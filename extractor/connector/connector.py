@@ -36,7 +36,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from extractor.completion import CompletionSender
 from extractor.connector.gather import CudaGatherer, Gathered, gather_cpu
-from extractor.connector.metadata import HsxConnectorMetadata, SendJob
+from extractor.connector.metadata import GeneratedTail, HsxConnectorMetadata, SendJob
 from extractor.connector.sender import BlockSender
 from runtime.settings import KafkaSettings
 from schemas.connector import EXTRA_CONFIG_KEY, PARAMS_KEY, ConnectorConfig
@@ -120,14 +120,7 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
             # Aborted (or never scheduled): nothing complete to send; the
             # extractor sees no completion and treats the attempt as not done.
             return False, None
-        self._outbox.append(
-            SendJob(
-                engine_request_id=request.request_id,
-                block_ids=list(block_ids),
-                token_ids=list(request.prompt_token_ids or []),
-                params=params,
-            )
-        )
+        self._outbox.append(_send_job(request, block_ids, params))
         return True, None
 
     def request_finished_all_groups(
@@ -216,3 +209,18 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
         return "LBNHC"  # as vLLM's own hidden-states connector
+
+
+def _send_job(request: Request, block_ids: list[int], params: dict[str, Any]) -> SendJob:
+    """What the worker side sends for a finished request. A plain prefill sends the
+    prompt's tokens; a generation sends every token that was an input of a forward
+    pass (prompt + answer, but not the final token, which never was one) and
+    records the answer."""
+    if params.get("generation") is None:
+        return SendJob(request.request_id, list(block_ids), list(request.prompt_token_ids or []), params)
+    from vllm.v1.request import FinishReason
+
+    tokens = list(request.all_token_ids)
+    answer = GeneratedTail(prompt_tokens=request.num_prompt_tokens, final_token_id=tokens[-1],
+                           finish_reason="stop" if request.get_finished_reason() == FinishReason.STOP else "length")
+    return SendJob(request.request_id, list(block_ids), tokens[:-1], params, answer)

@@ -7,6 +7,9 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
+from schemas import GeneratedTurn, GenerationRecord
+from schemas.connector import RequestParams
+
 
 @dataclass
 class SendJob:
@@ -20,8 +23,36 @@ class SendJob:
     token_ids: list[int]
     params: dict[str, Any]
     """``schemas.connector.RequestParams`` as a dict (validated on the worker)."""
+    answer: GeneratedTail | None = None
+    """Set when the request generated (``token_ids`` then end before its final token)."""
+
+
+@dataclass(frozen=True)
+class GeneratedTail:
+    """What the scheduler knows of a generated answer: where it starts, its final
+    token (never an input, so not in ``token_ids``) and why it ended."""
+
+    prompt_tokens: int
+    final_token_id: int
+    finish_reason: str
+    """``stop`` or ``length`` (``schemas.FinishReason``)."""
 
 
 @dataclass
 class HsxConnectorMetadata(KVConnectorMetadata):
     sends: list[SendJob] = field(default_factory=list)
+
+
+def answer_fields(job: SendJob, params: RequestParams) -> dict[str, Any]:
+    """The manifest's ``generation`` and ``loss_mask_spans`` for ``job``: the
+    generated tokens that are inputs (all but the final one) join the loss mask."""
+    if job.answer is None or params.generation is None:
+        return {"loss_mask_spans": params.loss_mask_spans}
+    answer = job.answer
+    spans = list(params.loss_mask_spans or [])
+    if answer.prompt_tokens < len(job.token_ids):
+        spans.append((answer.prompt_tokens, len(job.token_ids)))
+    turn = GeneratedTurn(token_start=answer.prompt_tokens, token_end=len(job.token_ids) + 1,
+                         finish_reason=answer.finish_reason)  # type: ignore[arg-type]
+    record = GenerationRecord(params=params.generation, turns=[turn], final_token_id=answer.final_token_id)
+    return {"loss_mask_spans": spans, "generation": record}

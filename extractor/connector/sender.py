@@ -21,7 +21,7 @@ from confluent_kafka import KafkaError, Message
 
 from extractor.completion import CompletionSender
 from extractor.connector.gather import Gathered
-from extractor.connector.metadata import SendJob
+from extractor.connector.metadata import SendJob, answer_fields
 from runtime.kafka import make_producer
 from runtime.settings import KafkaSettings
 from runtime.tensors import WIRE_DTYPES
@@ -203,7 +203,7 @@ class BlockSender:
             hidden_size=tensor.shape[2],
             num_tokens=tensor.shape[0],
             token_ids=transfer.job.token_ids,
-            loss_mask_spans=params.loss_mask_spans,
+            **answer_fields(transfer.job, params),
             codec=self._config.codec,
             blocks=blocks,
             metadata=params.metadata,

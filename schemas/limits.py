@@ -1,0 +1,35 @@
+"""Upper bounds on what one prompt event may ask for, passed to validation as
+context (``context={"limits": limits}``); without one the defaults apply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import ValidationInfo
+
+
+@dataclass(frozen=True)
+class PromptLimits:
+    """Upper bounds on one prompt event. Every bound keeps one hostile record from
+    costing a service unbounded memory or time."""
+
+    max_event_bytes: int = 4 * 1024 * 1024
+    max_prompt_chars: int = 1_000_000
+    max_token_ids: int = 131_072
+    max_messages: int = 1_024
+    max_message_chars: int = 1_000_000
+    max_metadata_bytes: int = 64 * 1024
+    max_metadata_depth: int = 8
+    max_generated_tokens: int = 8192
+
+
+DEFAULT_LIMITS = PromptLimits()
+
+
+def limits_of(info: ValidationInfo) -> PromptLimits:
+    """The limits a validation runs under."""
+    context = info.context or {}
+    limits = context.get("limits", DEFAULT_LIMITS)
+    if not isinstance(limits, PromptLimits):
+        raise TypeError("validation context 'limits' must be a PromptLimits")
+    return limits

@@ -1,0 +1,129 @@
+"""Generate-and-capture in one pass: the verifier's greedy answers equal HF
+transformers' token for token, and the hidden states of prompt + answer equal an
+HF forward pass over that sequence, at every layer id (the pre-norm last one too)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+from confluent_kafka import Producer
+
+from hsx import models
+from hsx.dev.topics import fresh_topics
+from hsx.reference import HFReference, max_relative_error
+from runtime.kafka.drain import drain
+from runtime.settings import KafkaSettings
+from schemas import DlqHeaders, ErrorClass
+from tests.engine_helpers import Sample, reassemble, run_extractor
+
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
+
+MAX_MODEL_LEN = 256
+LAYERS = "0,2,4"
+CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is a draft model?"},
+        {"role": "assistant", "content": "a small model"}, {"role": "user", "content": "and a verifier?"}]
+
+
+@dataclass
+class Run:
+    model: Path
+    tokenizer: object
+    samples: dict[str, list[Sample]]
+    dead: dict[str, DlqHeaders]
+    reference: HFReference
+
+
+def _events(stop_token: int) -> list[dict[str, object]]:
+    greedy = {"max_tokens": 12, "ignore_eos": True}
+    return [
+        {"request_id": "text-length", "prompt": "speculative decoding drafts tokens", "generation": greedy},
+        {"request_id": "ids-length", "token_ids": list(range(10, 40)), "generation": greedy},
+        {"request_id": "ids-stop", "token_ids": list(range(10, 40)),
+         "generation": {"max_tokens": 12, "ignore_eos": True, "stop_token_ids": [stop_token]}},
+        {"request_id": "chat-last", "messages": CHAT, "generation": {**greedy, "turns": "last"}},
+        {"request_id": "chat-replace-last", "messages": [*CHAT[:3]], "generation": {**greedy, "turns": "last"}},
+        # Bad generation requests: dead letters, each with its rule.
+        {"request_id": "bad-zero", "prompt": "x", "generation": {"max_tokens": 0}},
+        {"request_id": "bad-key", "prompt": "x", "generation": {"max_tokens": 3, "beam_width": 4}},
+        {"request_id": "too-long", "token_ids": list(range(10, 40)), "generation": {"max_tokens": MAX_MODEL_LEN}},
+        {"request_id": "multi-turn", "messages": CHAT, "generation": {"max_tokens": 4}},
+    ]
+
+
+BAD = {"bad-zero": ErrorClass.INVALID_EVENT, "bad-key": ErrorClass.INVALID_EVENT,
+       "too-long": ErrorClass.PROMPT_TOO_LONG, "multi-turn": ErrorClass.GENERATION_FAILED}
+
+
+@pytest.fixture(scope="module")
+def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    from transformers import AutoTokenizer
+
+    model = models.prepare(names=["tiny-llama"])["tiny-llama"]
+    reference = HFReference(model)
+    stop_token = reference.greedy(list(range(10, 40)), 12)[3]  # the 4th greedy token of "ids-stop"
+    kafka = KafkaSettings(bootstrap=kafka_bootstrap)
+    topics = fresh_topics(kafka, partitions=2)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    events = _events(stop_token)
+    for event in events:
+        producer.produce(topics.prompts, key=str(event["request_id"]).encode(), value=orjson.dumps(event))
+    assert producer.flush(30) == 0
+    log = tmp_path_factory.mktemp("generate") / "extract.log"
+    status = run_extractor(kafka.bootstrap, topics, f"g-{topics.prompts}", model, log,
+                           "--max-model-len", str(MAX_MODEL_LEN), "--layers", LAYERS)
+    assert status == 0, log.read_text()[-5000:]
+    samples = reassemble(drain(kafka, topics.blocks, expected=1, timeout=30, settle=3.0))
+    dead = {r.key().decode(): DlqHeaders.from_kafka(r.headers()) for r in drain(kafka, topics.prompts_dlq, len(BAD))}
+    return Run(model, AutoTokenizer.from_pretrained(model), samples, dead, reference)
+
+
+def _prompt_ids(run: Run, request_id: str) -> list[int]:
+    event = next(e for e in _events(0) if e["request_id"] == request_id)
+    if "prompt" in event:
+        return run.tokenizer(event["prompt"])["input_ids"]  # type: ignore[operator,index]
+    if "token_ids" in event:
+        return list(event["token_ids"])  # type: ignore[arg-type]
+    messages = event["messages"]
+    keep = messages[:-1] if messages[-1]["role"] == "assistant" else messages  # type: ignore[index]
+    text = run.tokenizer.apply_chat_template(keep, tokenize=False, add_generation_prompt=True)  # type: ignore[attr-defined]
+    return run.tokenizer(text, add_special_tokens=False)["input_ids"]  # type: ignore[operator,index]
+
+
+@pytest.mark.parametrize("request_id", ["text-length", "ids-length", "ids-stop", "chat-last", "chat-replace-last"])
+def test_answers_are_hf_greedy_and_hidden_states_match(run: Run, request_id: str) -> None:
+    (sample,) = run.samples[request_id]
+    m = sample.manifest
+    prompt = _prompt_ids(run, request_id)
+    assert m.generation is not None
+    stop = tuple(m.generation.params.stop_token_ids or ())
+    expected = run.reference.greedy(prompt, m.generation.params.max_tokens, stop)
+    answer = m.token_ids[len(prompt):] + [m.generation.final_token_id]
+    assert m.token_ids[:len(prompt)] == prompt
+    assert answer == expected
+    (turn,) = m.generation.turns
+    assert (turn.token_start, turn.token_end) == (len(prompt), len(prompt) + len(expected))
+    assert turn.finish_reason == ("stop" if stop else "length")
+    # The loss mask: the generated tokens that are inputs (the final one is not),
+    # after any assistant turn the chat kept.
+    assert m.loss_mask_spans is not None and m.loss_mask_spans[-1] == (len(prompt), len(m.token_ids))
+    layers = [int(x) for x in LAYERS.split(",")]
+    assert max_relative_error(sample.hidden_states, run.reference.hidden_states(m.token_ids, layers)) <= 1e-4
+
+
+def test_a_stop_token_ends_the_answer_early(run: Run) -> None:
+    (sample,) = run.samples["ids-stop"]
+    assert sample.manifest.generation is not None
+    assert sample.manifest.generation.final_token_id in (sample.manifest.generation.params.stop_token_ids or [])
+    generated = len(sample.manifest.token_ids) - 30 + 1  # the answer, its final token included
+    assert generated < sample.manifest.generation.params.max_tokens
+
+
+def test_bad_generation_requests_are_dead_lettered(run: Run) -> None:
+    assert {k: v.error_class for k, v in run.dead.items()} == BAD
+    assert "max_tokens" in run.dead["bad-zero"].error_message
+    assert "beam_width" in run.dead["bad-key"].error_message
+    assert "max_tokens 256 do not fit max_model_len 256" in run.dead["too-long"].error_message
+    assert not set(BAD) & set(run.samples)
