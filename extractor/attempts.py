@@ -13,11 +13,12 @@ import uuid
 
 from extractor.completion import CompletionReceiver
 from extractor.engine import Engine
+from extractor import regeneration
 from extractor.prompts import PreparedPrompt
 from extractor.stats import ExtractorStats
 from runtime.errors import Rejection, ServiceFailed
 from runtime.logs import record_fields
-from schemas import ErrorClass, PromptEvent, SourceRef
+from schemas import ErrorClass, GeneratedTurn, PromptEvent, SourceRef
 from schemas.connector import RequestParams
 
 log = logging.getLogger(__name__)
@@ -40,36 +41,70 @@ class Attempts:
         dead: no later prompt could succeed either."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        reason = "no attempt made"
+        failure = Rejection(ErrorClass.EXTRACTION_FAILED, "no attempt made")
         for attempt in range(1, self._max_attempts + 1):
-            params = RequestParams(
-                request_id=event.request_id,
-                attempt_id=uuid.uuid4().hex,
-                source=source,
-                loss_mask_spans=prepared.loss_mask_spans,
-                metadata=event.metadata,
-                generation=event.generation,
-            )
-            future = self._completions.expect(params.attempt_id)
+            attempt_id = uuid.uuid4().hex
             try:
-                await self._engine.prefill(prepared.token_ids, params)
-                report = await asyncio.wait_for(future, self._timeout)
+                outcome = await self._attempt(event, prepared, source, attempt_id)
             except (EngineDeadError, ServiceFailed):
                 raise
             except ValueError as exc:  # vLLM's input validation: retrying cannot help
-                self._completions.forget(params.attempt_id)
+                self._completions.forget(attempt_id)
                 return Rejection(ErrorClass.ENGINE_REJECTED, f"vLLM rejected the prompt: {exc}")
+            except _EarlierTurnFailed as exc:
+                outcome = Rejection(ErrorClass.GENERATION_FAILED, f"attempt {attempt}: {exc}")
             except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - retried, then dead-lettered
-                self._completions.forget(params.attempt_id)
-                reason = f"attempt {attempt}: {exc!r}"
-            else:
-                if report.ok:
-                    self._stats.extracted(report)
-                    return None
-                reason = f"attempt {attempt}: {report.error}"
+                self._completions.forget(attempt_id)
+                outcome = Rejection(ErrorClass.EXTRACTION_FAILED, f"attempt {attempt}: {exc!r}")
+            if outcome is None:
+                return None
+            failure = outcome
             retrying = attempt < self._max_attempts
-            log.warning("extraction of %s failed (%s)%s", event.request_id, reason, "; retrying" if retrying else "",
+            log.warning("extraction of %s failed (%s)%s", event.request_id, failure.reason,
+                        "; retrying" if retrying else "",
                         extra=record_fields(event.request_id, source.topic, source.partition, source.offset))
             if retrying:
                 self._stats.add("retries")
-        return Rejection(ErrorClass.EXTRACTION_FAILED, reason)
+        return failure
+
+    async def _attempt(self, event: PromptEvent, prepared: PreparedPrompt, source: SourceRef,
+                       attempt_id: str) -> Rejection | None:
+        """One attempt: the earlier turns of a chat regenerated turn by turn (if
+        any), then the final pass, whose records the connector sends."""
+        tokens, spans, turns = await self._earlier_turns(event, prepared, attempt_id)
+        params = RequestParams(request_id=event.request_id, attempt_id=attempt_id, source=source,
+                               loss_mask_spans=spans, metadata=event.metadata, generation=event.generation,
+                               earlier_turns=turns or None)
+        future = self._completions.expect(attempt_id)
+        await self._engine.prefill(tokens, params)
+        report = await asyncio.wait_for(future, self._timeout)
+        if not report.ok:
+            return Rejection(ErrorClass.EXTRACTION_FAILED, f"{report.error}")
+        self._stats.extracted(report)
+        return None
+
+    async def _earlier_turns(self, event: PromptEvent, prepared: PreparedPrompt,
+                             attempt_id: str) -> tuple[list[int], list[tuple[int, int]] | None, list[GeneratedTurn]]:
+        """The final pass's prompt: for turn-by-turn regeneration, each answer but
+        the last is generated (conditioned on the earlier ones) and followed by the
+        template's next piece. Returns the tokens, the loss mask spans so far and
+        the earlier turns."""
+        tokens, spans = list(prepared.token_ids), prepared.loss_mask_spans
+        turns: list[GeneratedTurn] = []
+        for k, piece in enumerate(prepared.followups):
+            assert event.generation is not None and spans is not None
+            try:
+                answer, reason = await self._engine.answer(tokens, event.generation, f"{attempt_id}-turn{k}")
+            except ValueError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the attempt fails; retried
+                raise _EarlierTurnFailed(f"turn {k}: {exc!r}") from exc
+            turns.append(GeneratedTurn(token_start=len(tokens), token_end=len(tokens) + len(answer),
+                                       finish_reason=reason))  # type: ignore[arg-type]
+            spans = [*spans, (len(tokens), len(tokens) + len(answer))]
+            tokens += answer + regeneration.follow(answer, piece)
+        return tokens, spans, turns
+
+
+class _EarlierTurnFailed(Exception):
+    """Generating an earlier turn of a chat failed (dead-lettered as generation_failed)."""

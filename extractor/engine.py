@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.errors import UsageError
-from schemas.connector import EXTRA_CONFIG_KEY, PARAMS_KEY, ConnectorConfig, RequestParams
+from schemas import Generation
+from schemas.connector import DISCARD_KEY, EXTRA_CONFIG_KEY, PARAMS_KEY, ConnectorConfig, RequestParams
 
 
 def text_config(model: str) -> Any:
@@ -108,6 +109,23 @@ class Engine:
         )
         async for _ in self._llm.generate(TokensPrompt(prompt_token_ids=token_ids), sampling, request_id=params.attempt_id):
             pass
+
+    async def answer(self, token_ids: list[int], generation: Generation, request_id: str) -> tuple[list[int], str]:
+        """Generate without capturing (an earlier turn of a chat regenerated turn by
+        turn): nothing is sent, and the blocks go back to the prefix cache, where the
+        final pass finds them, hidden states included. Returns the answer's token
+        ids and its finish reason (``stop`` or ``length``)."""
+        from vllm import SamplingParams, TokensPrompt
+
+        sampling = SamplingParams(**generation.sampling_kwargs(),  # type: ignore[arg-type]
+                                  extra_args={"kv_transfer_params": {DISCARD_KEY: True}})
+        final = None
+        async for final in self._llm.generate(TokensPrompt(prompt_token_ids=token_ids), sampling, request_id=request_id):
+            pass
+        completion = final.outputs[0] if final is not None else None
+        if completion is None or completion.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"generation ended with {completion.finish_reason if completion else 'no output'}")
+        return list(completion.token_ids), completion.finish_reason
 
     @property
     def dead(self) -> bool:

@@ -8,9 +8,10 @@ the loss mask lines up with them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from extractor import regeneration
 from runtime.errors import Rejection
 from schemas import ErrorClass, Generation, Message, PromptEvent
 
@@ -24,6 +25,9 @@ class PreparedPrompt:
     token_ids: list[int]
     loss_mask_spans: list[tuple[int, int]] | None
     """Token ranges ``[start, end)`` of the assistant turns (chats only)."""
+    followups: list[list[int]] = field(default_factory=list)
+    """Turn-by-turn regeneration: the template tokens after each answer but the
+    last (see :mod:`extractor.regeneration`); empty for one answer or none."""
 
 
 class PromptPreparer:
@@ -42,26 +46,41 @@ class PromptPreparer:
         elif event.token_ids is not None:
             prepared = PreparedPrompt(list(event.token_ids), None)
             self._check_vocabulary(prepared.token_ids)
+        elif _regenerates_turns(event):
+            assert event.messages is not None
+            prepared = self._regeneration(event.messages)
         else:
             assert event.messages is not None
             prepared = self._chat(_turns_to_keep(event.messages, event.generation), event.generation is not None)
         if not prepared.token_ids:
             raise PromptRejected(ErrorClass.EMPTY_PROMPT, "the prompt is empty after tokenization")
-        self._check_room(len(prepared.token_ids), event.generation)
+        self._check_room(prepared, event.generation)
         return prepared
 
-    def _check_room(self, prompt_tokens: int, generation: Generation | None) -> None:
+    def _regeneration(self, messages: list[Message]) -> PreparedPrompt:
+        plan = regeneration.plan(messages, self._render, self._template_ids)
+        if plan is None:
+            raise PromptRejected(ErrorClass.CHAT_TEMPLATE_UNSUPPORTED,
+                                 "the chat template rewrites assistant content, so answers cannot be placed turn by turn")
+        return PreparedPrompt(plan.pieces[0], [], plan.pieces[1:])
+
+    def _template_ids(self, text: str) -> list[int]:
+        return self._tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _check_room(self, prepared: PreparedPrompt, generation: Generation | None) -> None:
         """The prompt plus every token the engine may add must fit the context: a
-        prompt that cannot take its whole answer is rejected before generating
-        anything, so every sample's answer obeys its own ``max_tokens``."""
+        prompt that cannot take all its answers is rejected before generating
+        anything, so every sample's answers obey their own ``max_tokens``."""
+        prompt_tokens = len(prepared.token_ids) + sum(len(piece) for piece in prepared.followups)
         if generation is None:  # max_tokens=1: the prompt plus one sampled token
             if prompt_tokens > self._max_model_len - 1:
                 raise PromptRejected(ErrorClass.PROMPT_TOO_LONG,
                                      f"{prompt_tokens} tokens; at most {self._max_model_len - 1} fit max_model_len")
-        elif prompt_tokens + generation.max_tokens > self._max_model_len:
+        elif prompt_tokens + generation.max_tokens * (1 + len(prepared.followups)) > self._max_model_len:
+            answers = 1 + len(prepared.followups)
             raise PromptRejected(ErrorClass.PROMPT_TOO_LONG,
-                                 f"{prompt_tokens} prompt tokens + max_tokens {generation.max_tokens} do not fit "
-                                 f"max_model_len {self._max_model_len}")
+                                 f"{prompt_tokens} prompt tokens + {answers} x max_tokens {generation.max_tokens} do not "
+                                 f"fit max_model_len {self._max_model_len}")
 
     def _check_vocabulary(self, token_ids: list[int]) -> None:
         bad = [(i, t) for i, t in enumerate(token_ids) if t >= self._vocab_size]
@@ -120,14 +139,16 @@ def _token_spans(offsets: list[tuple[int, int]], char_spans: list[tuple[int, int
     return spans
 
 
+def _regenerates_turns(event: PromptEvent) -> bool:
+    """A chat whose assistant turns are all regenerated, more than one answer."""
+    return (event.messages is not None and event.generation is not None and event.generation.turns == "all"
+            and len(regeneration.answer_positions(event.messages)) > 1)
+
+
 def _turns_to_keep(messages: list[Message], generation: Generation | None) -> list[Message]:
-    """The turns the verifier answers after: without generation, all of them; with
-    it, all but a final assistant turn, which the verifier's answer replaces."""
-    if generation is None:
+    """The turns the verifier answers after (one answer, or none): without
+    generation, all of them; with it, all but a final assistant turn, which the
+    verifier's answer replaces."""
+    if generation is None or messages[-1].role != "assistant":
         return messages
-    earlier = messages[:-1] if messages[-1].role == "assistant" else messages
-    if generation.turns == "all" and any(m.role == "assistant" for m in earlier):
-        raise PromptRejected(ErrorClass.GENERATION_FAILED,
-                             "regenerating every assistant turn of a multi-turn chat (turns='all') is not implemented "
-                             "yet; turns='last' keeps the earlier turns and regenerates the final answer")
-    return earlier
+    return messages[:-1]

@@ -12,10 +12,13 @@ from pydantic import Field, JsonValue
 
 from schemas.blocks import AttemptId, Codec, SourceRef
 from schemas.common import NonNegativeInt, PositiveInt, RequestId, StrictModel
-from schemas.generation import Generation
+from schemas.generation import GeneratedTurn, Generation
 
 PARAMS_KEY = "hsx"
 """Key of :class:`RequestParams` inside a request's ``kv_transfer_params``."""
+DISCARD_KEY = "hsx_discard"
+"""Set in a request's ``kv_transfer_params`` when nothing is to be sent for it (an
+earlier turn of a chat regenerated turn by turn)."""
 EXTRA_CONFIG_KEY = "hsx"
 """Key of :class:`ConnectorConfig` inside ``kv_connector_extra_config``."""
 
@@ -31,6 +34,9 @@ class RequestParams(StrictModel):
     generation: Generation | None = None
     """Set when the engine generates: the connector then captures every input token
     (prompt and answer) and records the answer in the manifest."""
+    earlier_turns: list[GeneratedTurn] | None = None
+    """Answers the extractor generated before this final pass (turn-by-turn
+    regeneration); they are part of the prompt tokens and of the loss mask."""
 
 
 class ConnectorConfig(StrictModel):

@@ -39,7 +39,7 @@ from extractor.connector.gather import CudaGatherer, Gathered, gather_cpu
 from extractor.connector.metadata import GeneratedTail, HsxConnectorMetadata, SendJob
 from extractor.connector.sender import BlockSender
 from runtime.settings import KafkaSettings
-from schemas.connector import EXTRA_CONFIG_KEY, PARAMS_KEY, ConnectorConfig
+from schemas.connector import DISCARD_KEY, EXTRA_CONFIG_KEY, PARAMS_KEY, ConnectorConfig
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -112,7 +112,10 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         from vllm.v1.request import RequestStatus
 
-        params = (request.kv_transfer_params or {}).get(PARAMS_KEY)
+        transfer = request.kv_transfer_params or {}
+        if transfer.get(DISCARD_KEY):
+            return False, None  # an earlier turn: its blocks go back (to the prefix cache) at once
+        params = transfer.get(PARAMS_KEY)
         if params is None:
             log.warning("request %s carries no hsx parameters; its hidden states are not sent", request.request_id)
             return False, None

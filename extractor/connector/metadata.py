@@ -45,7 +45,8 @@ class HsxConnectorMetadata(KVConnectorMetadata):
 
 def answer_fields(job: SendJob, params: RequestParams) -> dict[str, Any]:
     """The manifest's ``generation`` and ``loss_mask_spans`` for ``job``: the
-    generated tokens that are inputs (all but the final one) join the loss mask."""
+    generated tokens that are inputs (all but the final one) join the loss mask,
+    after the given or earlier generated turns the extractor put there."""
     if job.answer is None or params.generation is None:
         return {"loss_mask_spans": params.loss_mask_spans}
     answer = job.answer
@@ -54,5 +55,6 @@ def answer_fields(job: SendJob, params: RequestParams) -> dict[str, Any]:
         spans.append((answer.prompt_tokens, len(job.token_ids)))
     turn = GeneratedTurn(token_start=answer.prompt_tokens, token_end=len(job.token_ids) + 1,
                          finish_reason=answer.finish_reason)  # type: ignore[arg-type]
-    record = GenerationRecord(params=params.generation, turns=[turn], final_token_id=answer.final_token_id)
+    turns = [*(params.earlier_turns or []), turn]
+    record = GenerationRecord(params=params.generation, turns=turns, final_token_id=answer.final_token_id)
     return {"loss_mask_spans": spans, "generation": record}

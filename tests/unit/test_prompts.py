@@ -68,3 +68,25 @@ def test_template_without_stable_prefixes_is_refused(tokenizer) -> None:  # type
     with pytest.raises(PromptRejected) as info:
         PromptPreparer(odd, len(odd), 64).prepare(event(messages=CHAT))
     assert info.value.error_class == "chat_template_unsupported"
+
+
+def test_turn_by_turn_regeneration_places_each_answer_after_its_template_piece(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    from extractor.regeneration import follow
+
+    preparer = PromptPreparer(tokenizer, len(tokenizer), 512)
+    prepared = preparer.prepare(event(messages=CHAT, generation={"max_tokens": 4}))
+    first_prompt = tokenizer.apply_chat_template(CHAT[:1], tokenize=False, add_generation_prompt=True)
+    assert prepared.token_ids == tokenizer(first_prompt, add_special_tokens=False)["input_ids"]
+    (piece,) = prepared.followups  # two answers: one piece between them
+    between = tokenizer.decode(piece)
+    assert "bye" in between and "hi" not in between and between.endswith("assistant\n")
+    assert prepared.loss_mask_spans == []  # the given answers are replaced, not learned from
+    # An answer that generated the end-of-turn token itself is not closed twice.
+    assert follow([5, piece[0]], piece) == piece[1:] and follow([5, 6], piece) == piece
+
+
+def test_generation_must_fit_with_every_answer(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    preparer = PromptPreparer(tokenizer, len(tokenizer), 64)
+    with pytest.raises(PromptRejected, match=r"2 x max_tokens 30 do not fit max_model_len 64") as caught:
+        preparer.prepare(event(messages=CHAT, generation={"max_tokens": 30}))
+    assert caught.value.error_class == "prompt_too_long"
