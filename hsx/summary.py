@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,21 @@ class RunReport:
             ("extraction tokens/s", f"{self.extracted.get('tokens_per_second', 0.0):.0f}"),
             ("wall time", f"{self.wall_seconds:.0f} s"),
         ]
+        rows += self._generation_rows(samples)
         rows += [("failed", failure) for failure in self.failures]
         return rows
+
+    def _generation_rows(self, samples: set[str]) -> list[tuple[str, str]]:
+        """Answers the verifier generated, when any prompt asked for them."""
+        turns = [turn for r in samples if (g := self.ledger.ready[r].generation) is not None for turn in g.turns]
+        if not turns:
+            return []
+        reasons = Counter(turn.finish_reason for turn in turns)
+        return [
+            ("answers generated", f"{len(turns)} in {sum(1 for r in samples if self.ledger.ready[r].generation)} "
+                                  f"samples ({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))})"),
+            ("tokens generated", f"{sum(turn.token_end - turn.token_start for turn in turns):,}"),
+        ]
 
 
 def render(rows: list[tuple[str, str]]) -> str:

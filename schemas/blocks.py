@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
-from schemas.common import SCHEMA_VERSION, NonNegativeInt, PositiveInt, RequestId, StrictModel, TokenId
+from schemas.common import SCHEMA_VERSION, Capture, NonNegativeInt, PositiveInt, RequestId, StrictModel, TokenId
 from schemas.generation import GenerationRecord
 
 AttemptId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
@@ -180,6 +180,18 @@ class Manifest(StrictModel):
     source: SourceRef
     generation: GenerationRecord | None = None
     """How the answer in ``token_ids`` was generated, when the prompt asked for one."""
+    capture: Capture = "all"
+    """``last``: the blocks hold only the final token's hidden states (one row)."""
+
+    @property
+    def first_captured(self) -> int:
+        """The position of the first token whose hidden states the blocks hold."""
+        return self.num_tokens - 1 if self.capture == "last" else 0
+
+    @property
+    def captured_tokens(self) -> int:
+        """Rows of hidden states: ``num_tokens``, or 1 for ``capture: last``."""
+        return self.num_tokens - self.first_captured
 
     @field_validator("layer_ids")
     @classmethod
@@ -192,13 +204,14 @@ class Manifest(StrictModel):
     def _consistent(self) -> Manifest:
         if len(self.token_ids) != self.num_tokens:
             raise ValueError("len(token_ids) must equal num_tokens")
-        expected_start = 0
+        expected_start = self.first_captured
         for i, block in enumerate(self.blocks):
             if block.index != i or block.token_start != expected_start or block.token_end <= block.token_start:
                 raise ValueError(f"blocks must be numbered 0.. and tile the tokens contiguously (block {i})")
             expected_start = block.token_end
         if expected_start != self.num_tokens:
-            raise ValueError("blocks must cover exactly num_tokens tokens")
+            raise ValueError("blocks must cover exactly " + ("the final token" if self.capture == "last"
+                                                             else "num_tokens tokens"))
         for start, end in self.loss_mask_spans or []:
             if not start < end <= self.num_tokens:
                 raise ValueError(f"loss mask span [{start}, {end}) outside [0, {self.num_tokens})")

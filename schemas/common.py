@@ -4,7 +4,7 @@ request id type, and the one formatter for validation errors."""
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -28,6 +28,8 @@ RequestId = Annotated[str, AfterValidator(_check_request_id)]
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
 PositiveInt = Annotated[int, Field(gt=0)]
+Capture = Literal["all", "last"]
+"""Which tokens' hidden states a sample stores: every input token, or the final one."""
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 

@@ -11,7 +11,7 @@ from typing import Annotated
 from pydantic import Field, JsonValue
 
 from schemas.blocks import AttemptId, Codec, SourceRef
-from schemas.common import NonNegativeInt, PositiveInt, RequestId, StrictModel
+from schemas.common import Capture, NonNegativeInt, PositiveInt, RequestId, StrictModel
 from schemas.generation import GeneratedTurn, Generation
 
 PARAMS_KEY = "hsx"
@@ -34,6 +34,7 @@ class RequestParams(StrictModel):
     generation: Generation | None = None
     """Set when the engine generates: the connector then captures every input token
     (prompt and answer) and records the answer in the manifest."""
+    capture: Capture = "all"
     earlier_turns: list[GeneratedTurn] | None = None
     """Answers the extractor generated before this final pass (turn-by-turn
     regeneration); they are part of the prompt tokens and of the loss mask."""

@@ -19,7 +19,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from schemas.common import SCHEMA_VERSION, RequestId, StrictModel, TokenId
+from schemas.common import SCHEMA_VERSION, Capture, RequestId, StrictModel, TokenId
 from schemas.generation import Generation
 from schemas.limits import DEFAULT_LIMITS, limits_of as _limits
 
@@ -65,6 +65,8 @@ class PromptEvent(StrictModel):
     metadata: dict[str, JsonValue] | None = None
     generation: Generation | None = None
     """Let the verifier answer, and capture prompt + answer (see :mod:`schemas.generation`)."""
+    capture: Capture = "all"
+    """``last``: store only the final input token's hidden states, ``[1, L, H]``."""
 
     @classmethod
     def model_validate_json(  # type: ignore[override]

@@ -11,7 +11,7 @@ from pydantic import AfterValidator, Field, JsonValue
 
 from schemas.blocks import Checksum, DType, PositiveInt
 from schemas.generation import GenerationRecord
-from schemas.common import SCHEMA_VERSION, NonNegativeInt, RequestId, StrictModel
+from schemas.common import SCHEMA_VERSION, Capture, NonNegativeInt, RequestId, StrictModel
 
 
 def _relative_path(value: str) -> str:
@@ -50,6 +50,8 @@ class HiddenStatesReady(StrictModel):
     checksum: Checksum
     """Of the stored hidden-states tensor's raw bytes."""
     metadata: dict[str, JsonValue] | None = None
+    capture: Capture = "all"
+    """``last``: ``hidden_states`` is ``[1, L, H]``, the final input token's only."""
     generation: GenerationRecord | None = None
     """How the answer was generated (token ranges, finish reasons, parameters,
     the final token), when the prompt asked for one."""

@@ -86,7 +86,7 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
         names = TensorNames(hidden_states=f"{rid}/hidden_states", token_ids=f"{rid}/token_ids",
                             loss_mask=f"{rid}/loss_mask" if m.loss_mask_spans is not None else None)
         tensors[names.hidden_states] = _read_only_view(sample.hidden_states, TORCH_DTYPES[m.dtype]).view(
-            m.num_tokens, len(m.layer_ids), m.hidden_size)
+            m.captured_tokens, len(m.layer_ids), m.hidden_size)
         tensors[names.token_ids] = torch.tensor(m.token_ids, dtype=torch.int64)
         if names.loss_mask is not None:
             mask = torch.zeros(m.num_tokens, dtype=torch.bool)
@@ -96,7 +96,8 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
         events.append(HiddenStatesReady(
             event_id=ready_event_id(dataset, rid), request_id=rid, shard=shard_path, tensors=names,
             num_tokens=m.num_tokens, layer_ids=m.layer_ids, dtype=m.dtype, hidden_size=m.hidden_size,
-            model=m.model, checksum=checksum(sample.hidden_states), metadata=m.metadata, generation=m.generation))
+            model=m.model, checksum=checksum(sample.hidden_states), metadata=m.metadata, generation=m.generation,
+            capture=m.capture))
     first = shard.samples[0].manifest
     metadata = ShardMetadata(
         model=first.model, layer_ids=first.layer_ids, dtype=first.dtype, hidden_size=first.hidden_size,

@@ -45,5 +45,5 @@ def reassemble(records: list[Message]) -> dict[str, list[Sample]]:
         if result is not None:
             m = result.manifest
             hidden = torch.frombuffer(bytearray(result.hidden_states), dtype=TORCH_DTYPES[m.dtype])
-            samples[m.request_id].append(Sample(m, hidden.view(m.num_tokens, len(m.layer_ids), m.hidden_size)))
+            samples[m.request_id].append(Sample(m, hidden.view(m.captured_tokens, len(m.layer_ids), m.hidden_size)))
     return samples

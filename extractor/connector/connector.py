@@ -189,7 +189,7 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         assert self._cache is not None and self._sender is not None
         _, layers, _, hidden = self._cache.shape
         row_bytes = layers * hidden * self._cache.element_size()
-        while self._waiting and self._sender.has_room(len(self._waiting[0].token_ids) * row_bytes):
+        while self._waiting and self._sender.has_room(self._waiting[0].rows * row_bytes):
             job = self._waiting.popleft()
             try:
                 self._sender.submit(job, self._gather(job))
@@ -199,8 +199,8 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
     def _gather(self, job: SendJob) -> Gathered:
         assert self._cache is not None
         if self._cuda is not None:
-            return self._cuda.gather(self._cache, job.block_ids, len(job.token_ids), self._block_size)
-        return gather_cpu(self._cache, job.block_ids, len(job.token_ids), self._block_size)
+            return self._cuda.gather(self._cache, job.block_ids, len(job.token_ids), self._block_size, job.first_row)
+        return gather_cpu(self._cache, job.block_ids, len(job.token_ids), self._block_size, job.first_row)
 
     def get_finished_count(self) -> int | None:
         return 1  # only rank 0 reports sends
@@ -219,11 +219,14 @@ def _send_job(request: Request, block_ids: list[int], params: dict[str, Any]) ->
     prompt's tokens; a generation sends every token that was an input of a forward
     pass (prompt + answer, but not the final token, which never was one) and
     records the answer."""
-    if params.get("generation") is None:
-        return SendJob(request.request_id, list(block_ids), list(request.prompt_token_ids or []), params)
     from vllm.v1.request import FinishReason
 
-    tokens = list(request.all_token_ids)
-    answer = GeneratedTail(prompt_tokens=request.num_prompt_tokens, final_token_id=tokens[-1],
-                           finish_reason="stop" if request.get_finished_reason() == FinishReason.STOP else "length")
-    return SendJob(request.request_id, list(block_ids), tokens[:-1], params, answer)
+    if params.get("generation") is None:
+        tokens, answer = list(request.prompt_token_ids or []), None
+    else:
+        every = list(request.all_token_ids)
+        tokens = every[:-1]
+        answer = GeneratedTail(prompt_tokens=request.num_prompt_tokens, final_token_id=every[-1],
+                               finish_reason="stop" if request.get_finished_reason() == FinishReason.STOP else "length")
+    first_row = len(tokens) - 1 if params.get("capture") == "last" else 0
+    return SendJob(request.request_id, list(block_ids), tokens, params, answer, first_row)

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 import torch
 
 
-def gather_index(block_ids: list[int], num_tokens: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    positions = torch.arange(num_tokens)
+def gather_index(block_ids: list[int], num_tokens: int, block_size: int,
+                 first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (block, slot) of each token position in ``[first, num_tokens)``."""
+    positions = torch.arange(first, num_tokens)
     blocks = torch.as_tensor(block_ids, dtype=torch.long)[positions // block_size]
     return blocks, positions % block_size
 
@@ -38,9 +40,10 @@ class Gathered:
         return self.tensor
 
 
-def gather_cpu(cache: torch.Tensor, block_ids: list[int], num_tokens: int, block_size: int) -> Gathered:
+def gather_cpu(cache: torch.Tensor, block_ids: list[int], num_tokens: int, block_size: int,
+               first: int = 0) -> Gathered:
     """CPU backend: the gather is itself the one copy into a fresh tensor."""
-    blocks, slots = gather_index(block_ids, num_tokens, block_size)
+    blocks, slots = gather_index(block_ids, num_tokens, block_size, first)
     return Gathered(cache[blocks, :, slots])
 
 
@@ -77,12 +80,14 @@ class CudaGatherer:
         self._stream = torch.cuda.Stream(device=cache.device)
         self._pool = PinnedPool(cache.dtype)
 
-    def gather(self, cache: torch.Tensor, block_ids: list[int], num_tokens: int, block_size: int) -> Gathered:
-        blocks, slots = gather_index(block_ids, num_tokens, block_size)
+    def gather(self, cache: torch.Tensor, block_ids: list[int], num_tokens: int, block_size: int,
+               first: int = 0) -> Gathered:
+        blocks, slots = gather_index(block_ids, num_tokens, block_size, first)
         _, layers, _, hidden = cache.shape
-        numel = num_tokens * layers * hidden
+        rows = num_tokens - first
+        numel = rows * layers * hidden
         buffer = self._pool.take(numel)
-        host = buffer[:numel].view(num_tokens, layers, hidden)
+        host = buffer[:numel].view(rows, layers, hidden)
         self._stream.wait_stream(torch.cuda.current_stream(cache.device))
         with torch.cuda.stream(self._stream):
             device_rows = cache[blocks.to(cache.device, non_blocking=True), :, slots.to(cache.device, non_blocking=True)]

@@ -25,6 +25,13 @@ class SendJob:
     """``schemas.connector.RequestParams`` as a dict (validated on the worker)."""
     answer: GeneratedTail | None = None
     """Set when the request generated (``token_ids`` then end before its final token)."""
+    first_row: int = 0
+    """The first token position whose hidden states are sent (``capture: last``:
+    only the final input token's); the gather copies only those rows."""
+
+    @property
+    def rows(self) -> int:
+        return len(self.token_ids) - self.first_row
 
 
 @dataclass(frozen=True)
@@ -48,7 +55,7 @@ def answer_fields(job: SendJob, params: RequestParams) -> dict[str, Any]:
     generated tokens that are inputs (all but the final one) join the loss mask,
     after the given or earlier generated turns the extractor put there."""
     if job.answer is None or params.generation is None:
-        return {"loss_mask_spans": params.loss_mask_spans}
+        return {"loss_mask_spans": params.loss_mask_spans, "capture": params.capture}
     answer = job.answer
     spans = list(params.loss_mask_spans or [])
     if answer.prompt_tokens < len(job.token_ids):
@@ -57,4 +64,4 @@ def answer_fields(job: SendJob, params: RequestParams) -> dict[str, Any]:
                          finish_reason=answer.finish_reason)  # type: ignore[arg-type]
     turns = [*(params.earlier_turns or []), turn]
     record = GenerationRecord(params=params.generation, turns=turns, final_token_id=answer.final_token_id)
-    return {"loss_mask_spans": spans, "generation": record}
+    return {"loss_mask_spans": spans, "generation": record, "capture": params.capture}

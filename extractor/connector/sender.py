@@ -140,7 +140,7 @@ class BlockSender:
             rows.view(torch.uint8).numpy(),
             shape=tuple(rows.shape),  # type: ignore[arg-type]
             dtype=WIRE_DTYPES[rows.dtype],
-            token_start=start,
+            token_start=transfer.job.first_row + start,
             codec=self._config.codec,
             level=self._config.codec_level,
         )
@@ -201,7 +201,7 @@ class BlockSender:
             layer_ids=self._layer_ids,
             dtype=WIRE_DTYPES[tensor.dtype],
             hidden_size=tensor.shape[2],
-            num_tokens=tensor.shape[0],
+            num_tokens=len(transfer.job.token_ids),
             token_ids=transfer.job.token_ids,
             **answer_fields(transfer.job, params),
             codec=self._config.codec,

@@ -58,6 +58,9 @@ def _events(stop_token: int) -> list[dict[str, object]]:
         {"request_id": "bad-key", "prompt": "x", "generation": {"max_tokens": 3, "beam_width": 4}},
         {"request_id": "too-long", "token_ids": list(range(10, 40)), "generation": {"max_tokens": MAX_MODEL_LEN}},
         {"request_id": "chat-all", "messages": LONG_CHAT, "generation": greedy},
+        # The final input token's hidden states only.
+        {"request_id": "last-text", "prompt": "the last token is all we keep", "capture": "last"},
+        {"request_id": "last-generated", "token_ids": list(range(10, 40)), "generation": greedy, "capture": "last"},
     ]
 
 
@@ -164,3 +167,18 @@ def test_every_assistant_turn_is_regenerated_in_order(run: Run) -> None:
     assert run.prefix_cache_hits > 0
     layers = [int(x) for x in LAYERS.split(",")]
     assert max_relative_error(sample.hidden_states, run.reference.hidden_states(m.token_ids, layers)) <= 1e-4
+
+
+@pytest.mark.parametrize("request_id", ["last-text", "last-generated"])
+def test_last_token_capture_keeps_one_row(run: Run, request_id: str) -> None:
+    (sample,) = run.samples[request_id]
+    m = sample.manifest
+    assert m.capture == "last" and sample.hidden_states.shape == (1, 3, 128)
+    assert len(m.blocks) == 1 and (m.blocks[0].token_start, m.blocks[0].token_end) == (m.num_tokens - 1, m.num_tokens)
+    if request_id == "last-text":
+        assert m.token_ids == _prompt_ids(run, request_id) and m.generation is None
+    else:
+        assert m.generation is not None and len(m.token_ids) == 30 + 12 - 1
+    layers = [int(x) for x in LAYERS.split(",")]
+    expected = run.reference.hidden_states(m.token_ids, layers)[-1:]
+    assert max_relative_error(sample.hidden_states, expected) <= 1e-4

@@ -46,3 +46,38 @@ def test_bad_shard_metadata_is_refused(key: str, value: str) -> None:
     good = ShardMetadata(model="m", layer_ids=[0], dtype=DType.BFLOAT16, hidden_size=8, request_ids=["a"])
     with pytest.raises(ValueError):
         ShardMetadata.from_safetensors({**good.to_safetensors(), key: value})
+
+
+def test_a_last_token_sample_is_stored_as_one_row(tmp_path: Path) -> None:
+    """``capture: last``: the blocks cover the final token only; the shard holds
+    ``[1, L, H]`` beside every token id, and the reader returns it as such."""
+    import torch
+
+    from schemas import BlockRecordHeaders, BlockRef, Codec, Manifest, RecordKind, SourceRef
+    from schemas.codec import encode_block, read_header
+    from sink.assembler import Record
+    from sink.reader import open_dataset
+
+    row = torch.randn(1, 2, HIDDEN)
+    value = encode_block(row.view(torch.uint8).numpy(), shape=(1, 2, HIDDEN), dtype=DType.FLOAT32, token_start=6,
+                         codec=Codec.ZSTD)
+    header, _ = read_header(value)
+    attempt = "0" * 32
+    manifest = Manifest(request_id="last", attempt_id=attempt, model="m", layer_ids=[1, 3], dtype=DType.FLOAT32,
+                        hidden_size=HIDDEN, num_tokens=7, token_ids=list(range(7)), codec=Codec.ZSTD, capture="last",
+                        blocks=[BlockRef(index=0, token_start=6, token_end=7, checksum=header.checksum,
+                                         compressed_nbytes=len(value))],
+                        source=SourceRef(topic="p", partition=0, offset=1))
+    (sample,) = feed(Assembler(), [
+        Record(0, b"last", value, BlockRecordHeaders(kind=RecordKind.BLOCK, attempt_id=attempt, block_index=0,
+                                                     codec=Codec.ZSTD).to_kafka()),
+        Record(1, b"last", manifest.model_dump_json().encode(),
+               BlockRecordHeaders(kind=RecordKind.MANIFEST, attempt_id=attempt).to_kafka())])
+    assert isinstance(sample, Sample)
+    shard = OpenShard(topic="hidden_states.blocks", partition=0)
+    shard.add(sample)
+    (event,) = write_shard(LocalStorage(tmp_path), "ds", shard)
+    assert (event.capture, event.num_tokens) == ("last", 7)
+    stored = open_dataset(tmp_path)["last"]
+    assert stored["hidden_states"].shape == (1, 2, HIDDEN) and torch.equal(stored["hidden_states"], row)
+    assert stored["token_ids"].tolist() == list(range(7))
