@@ -77,6 +77,28 @@ INVALID = [
     ("metadata-too-big", ev(prompt="x", metadata={"k": "v" * 300}), "metadata", "more than 200"),
     ("event-too-large", ev(prompt="x", pad="y" * 5000), "(event)", "more than the limit of 4096"),
     ("schema-version", ev(prompt="x", schema_version=2), "schema_version", "literal_error"),
+    # Generation parameters: each bounded, unknown keys refused.
+    ("generation-no-max-tokens", ev(prompt="x", generation={"temperature": 0.5}), "generation.max_tokens", "missing"),
+    ("generation-zero-tokens", ev(prompt="x", generation={"max_tokens": 0}), "generation.max_tokens", "greater_than"),
+    ("generation-too-many-tokens", ev(prompt="x", generation={"max_tokens": 10**6}), "generation.max_tokens",
+     "more than the limit of 8192"),
+    ("generation-tokens-string", ev(prompt="x", generation={"max_tokens": "5"}), "generation.max_tokens", "int_type"),
+    ("generation-negative-temperature", ev(prompt="x", generation={"max_tokens": 1, "temperature": -1}),
+     "generation.temperature", "greater_than_equal"),
+    ("generation-top-p-zero", ev(prompt="x", generation={"max_tokens": 1, "top_p": 0}), "generation.top_p",
+     "greater_than"),
+    ("generation-seed-huge", ev(prompt="x", generation={"max_tokens": 1, "seed": 2**63}), "generation.seed",
+     "less_than_equal"),
+    ("generation-stop-too-many", ev(prompt="x", generation={"max_tokens": 1, "stop": ["a"] * 17}),
+     "generation.stop", "too_long"),
+    ("generation-stop-token-negative", ev(prompt="x", generation={"max_tokens": 1, "stop_token_ids": [-1]}),
+     "generation.stop_token_ids.0", "greater_than_equal"),
+    ("generation-bad-turns", ev(prompt="x", generation={"max_tokens": 1, "turns": "some"}), "generation.turns",
+     "literal_error"),
+    ("generation-unknown-key", ev(prompt="x", generation={"max_tokens": 1, "beam_width": 4}),
+     "generation.beam_width", "extra_forbidden"),
+    ("generation-not-object", ev(prompt="x", generation=5), "generation", "model_type"),
+    ("capture-unknown", ev(prompt="x", capture="first"), "capture", "literal_error"),
 ]
 
 
