@@ -41,6 +41,9 @@ class Attempts:
         dead: no later prompt could succeed either."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
+        problem = self._engine.sampling_problem(event.generation)
+        if problem is not None:
+            return Rejection(ErrorClass.ENGINE_REJECTED, problem)
         failure = Rejection(ErrorClass.EXTRACTION_FAILED, "no attempt made")
         for attempt in range(1, self._max_attempts + 1):
             attempt_id = uuid.uuid4().hex

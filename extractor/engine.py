@@ -127,6 +127,22 @@ class Engine:
             raise RuntimeError(f"generation ended with {completion.finish_reason if completion else 'no output'}")
         return list(completion.token_ids), completion.finish_reason
 
+    @staticmethod
+    def sampling_problem(generation: Generation | None) -> str | None:
+        """Why this engine cannot honour ``generation``'s sampling, or None.
+
+        On vLLM 0.32's CPU backend, spec decoding's rejection sampler (which the
+        extraction method runs every request through) mishandles sampled requests:
+        measured here, two requests with the same seed and prompt got different
+        answers, and greedy requests batched with them got answers full of token 0.
+        Greedy decoding alone is exact (checked against HF transformers)."""
+        from vllm.platforms import current_platform
+
+        if generation is None or generation.temperature == 0.0 or not current_platform.is_cpu():
+            return None
+        return ("sampling with temperature > 0 is not reliable with vLLM 0.32's extract_hidden_states on CPU (it "
+                "also corrupts greedy requests batched with it); use temperature 0 there, or a GPU")
+
     @property
     def dead(self) -> bool:
         """The engine core died; nothing in flight will complete."""

@@ -25,6 +25,7 @@ from tests.engine_helpers import Sample, reassemble
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
 MAX_MODEL_LEN = 1024
+SEEDS = [("a", 5), ("again", 5), ("other", 6)]
 LAYERS = "0,2,4"
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is a draft model?"},
         {"role": "assistant", "content": "a small model"}, {"role": "user", "content": "and a verifier?"}]
@@ -58,6 +59,9 @@ def _events(stop_token: int) -> list[dict[str, object]]:
         {"request_id": "bad-key", "prompt": "x", "generation": {"max_tokens": 3, "beam_width": 4}},
         {"request_id": "too-long", "token_ids": list(range(10, 40)), "generation": {"max_tokens": MAX_MODEL_LEN}},
         {"request_id": "chat-all", "messages": LONG_CHAT, "generation": greedy},
+        # Sampling with a seed: the same answer every time, whatever else is in the batch.
+        *({"request_id": f"seeded-{name}", "prompt": "a seeded answer", "generation": {
+            "max_tokens": 12, "temperature": 1.0, "seed": seed, "ignore_eos": True}} for name, seed in SEEDS),
         # The final input token's hidden states only.
         {"request_id": "last-text", "prompt": "the last token is all we keep", "capture": "last"},
         {"request_id": "last-generated", "token_ids": list(range(10, 40)), "generation": greedy, "capture": "last"},
@@ -92,7 +96,8 @@ def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Run:
             time.sleep(0.5)
         assert extractor.exited() == 0, extractor.log_tail()
     samples = reassemble(drain(kafka, topics.blocks, expected=1, timeout=30, settle=3.0))
-    dead = {r.key().decode(): DlqHeaders.from_kafka(r.headers()) for r in drain(kafka, topics.prompts_dlq, len(BAD))}
+    dead = {r.key().decode(): DlqHeaders.from_kafka(r.headers())
+            for r in drain(kafka, topics.prompts_dlq, len(BAD) + len(SEEDS))}
     return Run(model, AutoTokenizer.from_pretrained(model), samples, dead, reference, hits)
 
 
@@ -138,7 +143,7 @@ def test_a_stop_token_ends_the_answer_early(run: Run) -> None:
 
 
 def test_bad_generation_requests_are_dead_lettered(run: Run) -> None:
-    assert {k: v.error_class for k, v in run.dead.items()} == BAD
+    assert {k: v.error_class for k, v in run.dead.items() if not k.startswith("seeded-")} == BAD
     assert "max_tokens" in run.dead["bad-zero"].error_message
     assert "beam_width" in run.dead["bad-key"].error_message
     assert f"1 x max_tokens {MAX_MODEL_LEN} do not fit max_model_len {MAX_MODEL_LEN}" in run.dead["too-long"].error_message
@@ -182,3 +187,18 @@ def test_last_token_capture_keeps_one_row(run: Run, request_id: str) -> None:
     layers = [int(x) for x in LAYERS.split(",")]
     expected = run.reference.hidden_states(m.token_ids, layers)[-1:]
     assert max_relative_error(sample.hidden_states, expected) <= 1e-4
+
+
+def test_a_seed_gives_the_same_answer(run: Run) -> None:
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():  # see Engine.sampling_problem: refused, and the greedy answers stay exact
+        assert {run.dead[f"seeded-{name}"].error_class for name, _ in SEEDS} == {ErrorClass.ENGINE_REJECTED}
+        assert "temperature > 0" in run.dead["seeded-a"].error_message
+        return
+    answers = {}
+    for name, _ in SEEDS:
+        (sample,) = run.samples[f"seeded-{name}"]
+        assert sample.manifest.generation is not None
+        answers[name] = sample.manifest.token_ids + [sample.manifest.generation.final_token_id]
+    assert answers["a"] == answers["again"] != answers["other"]
