@@ -52,7 +52,7 @@ class RunReport:
             ("tokens", f"{tokens:,}"),
             ("dead letters", f"{len(ledger.failed)}" + (f" ({by_class})" if by_class else "")),
             ("lost", f"{len(self.lost)}"),
-            ("hidden-state bytes raw → stored", f"{raw:,} → {stored:,} ({raw / max(stored, 1):.2f}x)"),
+            ("hidden-state bytes raw → stored", f"{raw:,} → {stored:,}" + (f" ({raw / stored:.2f}x)" if stored else "")),
             ("extraction tokens/s", f"{self.extracted.get('tokens_per_second', 0.0):.0f}"),
             ("wall time", f"{self.wall_seconds:.0f} s"),
         ]

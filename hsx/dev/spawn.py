@@ -73,6 +73,7 @@ class HsxService:
             self.port = free_port()
             extra += ["--health-port", str(self.port)]
         if self.stats:
+            self.stats_path.unlink(missing_ok=True)  # an earlier run's figures must not pass for this one's
             extra += ["--stats-file", str(self.stats_path)]
         with self.log_path().open("wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "hsx.cli", *self.args, *extra], stdout=log,
