@@ -6,13 +6,17 @@ import argparse
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import orjson
+import zstandard
 
 from extractor.engine import EngineOptions, default_layer_ids, text_config
 from extractor.options import ExtractorOptions
 from extractor.service import Extractor
+from runtime.checks import bounded, enum_value, integer, model_dir, number, writable_file
 from runtime.errors import UsageError
+from runtime.kafka.admin import add_connect_timeout, wait_for_cluster
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, from_args, overrides
 from runtime.logs import redact_secrets
 from schemas import Codec
@@ -21,6 +25,8 @@ from schemas.connector import ConnectorConfig
 _CONNECTOR = {name: field.default for name, field in ConnectorConfig.model_fields.items()}
 _SERVICE = ExtractorOptions()
 _ENGINE = EngineOptions(model="", layer_ids=[])
+DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
+"""The model dtypes vLLM takes (``float`` and ``half`` are its aliases)."""
 
 
 def _layer_list(text: str) -> list[int]:
@@ -48,18 +54,19 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action
     with :func:`as_argv`)."""
     model = parser.add_argument_group("model and vLLM")
     return [
-        model.add_argument("--model", required=True, help="model directory (or name vLLM can load)"),
+        model.add_argument("--model", required=True,
+                           help="local model directory: config.json and weights (hsx downloads nothing)"),
         model.add_argument("--model-name", help="name recorded in manifests (default: the model directory's name)"),
         model.add_argument("--layers", type=_layer_list, help="hidden-state layer ids, e.g. 2,15,27,30 "
                            "(default: EAGLE-3's low/mid/high plus the last, num_hidden_layers)"),
-        model.add_argument("--dtype", default=_ENGINE.dtype, help="model dtype: auto, float32, bfloat16, float16 "
-                           "(default %(default)s)"),
-        model.add_argument("--max-model-len", type=int, default=_ENGINE.max_model_len,
+        model.add_argument("--dtype", default=_ENGINE.dtype, choices=DTYPES, help="model dtype (default %(default)s)"),
+        # 2: the shortest prompt, one token, plus the one token the engine runs for.
+        model.add_argument("--max-model-len", type=integer(2), default=_ENGINE.max_model_len,
                            help="longest prompt + 1 (default %(default)s)"),
-        model.add_argument("--tensor-parallel-size", type=int, default=_ENGINE.tensor_parallel_size),
-        model.add_argument("--data-parallel-size", type=int, default=_ENGINE.data_parallel_size),
-        model.add_argument("--max-num-seqs", type=int, help="vLLM batch size limit"),
-        model.add_argument("--max-num-batched-tokens", type=int, help="vLLM tokens per step"),
+        model.add_argument("--tensor-parallel-size", type=integer(1), default=_ENGINE.tensor_parallel_size),
+        model.add_argument("--data-parallel-size", type=integer(1), default=_ENGINE.data_parallel_size),
+        model.add_argument("--max-num-seqs", type=integer(1), help="vLLM batch size limit"),
+        model.add_argument("--max-num-batched-tokens", type=integer(1), help="vLLM tokens per step"),
         model.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / compilation"),
         model.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
                            help="any other AsyncEngineArgs field (VALUE parsed as JSON when it can be)"),
@@ -93,36 +100,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kafka.add_argument("--blocks-topic", help="output topic (env HSX_TOPIC_BLOCKS)")
     kafka.add_argument("--dlq-topic", help="dead-letter topic (env HSX_TOPIC_PROMPTS_DLQ)")
     kafka.add_argument("--group", default=_SERVICE.group_id, help="consumer group id (default %(default)s)")
-    kafka.add_argument("--session-timeout-ms", type=int, default=_SERVICE.session_timeout_ms,
+    kafka.add_argument("--session-timeout-ms", type=integer(1), default=_SERVICE.session_timeout_ms,
                        help="consumer session timeout (default %(default)s)")
+    add_connect_timeout(kafka, None)
 
     add_model_arguments(parser)
 
     service = parser.add_argument_group("service")
-    service.add_argument("--max-inflight", type=int, default=_SERVICE.max_inflight,
+    service.add_argument("--max-inflight", type=integer(1), default=_SERVICE.max_inflight,
                          help="prompts in flight (default %(default)s)")
-    service.add_argument("--max-attempts", type=int, default=_SERVICE.max_attempts,
+    service.add_argument("--max-attempts", type=integer(1), default=_SERVICE.max_attempts,
                          help="attempts before dead-lettering (default %(default)s)")
-    service.add_argument("--exit-when-idle", type=float, metavar="SECS", help="stop after SECS with nothing to do")
-    service.add_argument("--stall-timeout", type=float, default=_SERVICE.stall_timeout, metavar="SECS",
+    service.add_argument("--exit-when-idle", type=number(0), metavar="SECS", help="stop after SECS with nothing to do")
+    service.add_argument("--stall-timeout", type=number(above=0), default=_SERVICE.stall_timeout, metavar="SECS",
                          help="exit 1 when no prompt finished for SECS with prompts in flight (default %(default)s)")
-    service.add_argument("--health-port", type=int,
+    service.add_argument("--health-port", type=integer(0, 65535),
                          help="serve /healthz, /readyz, /metrics on this port (off if unset)")
     service.add_argument("--stats-file", type=Path, help="write the final statistics here as JSON")
-    service.add_argument("--codec", type=Codec, choices=list(Codec), default=_CONNECTOR["codec"])
-    service.add_argument("--codec-level", type=int, default=_CONNECTOR["codec_level"], help="zstd level (default %(default)s)")
-    service.add_argument("--block-bytes", type=int, default=_CONNECTOR["block_bytes"],
+    service.add_argument("--codec", type=enum_value(Codec), choices=list(Codec), default=_CONNECTOR["codec"],
+                         metavar="{" + ",".join(c.value for c in Codec) + "}")
+    service.add_argument("--codec-level", type=integer(high=zstandard.MAX_COMPRESSION_LEVEL),
+                         default=_CONNECTOR["codec_level"], help="zstd level (default %(default)s)")
+    service.add_argument("--block-bytes", type=bounded(ConnectorConfig, "block_bytes"), default=_CONNECTOR["block_bytes"],
                          help="target raw bytes per block record (default %(default)s)")
-    service.add_argument("--compress-threads", type=int, default=_CONNECTOR["compress_threads"])
-    service.add_argument("--max-inflight-bytes", type=int, default=_CONNECTOR["max_inflight_bytes"],
+    service.add_argument("--compress-threads", type=bounded(ConnectorConfig, "compress_threads"),
+                         default=_CONNECTOR["compress_threads"])
+    service.add_argument("--max-inflight-bytes", type=bounded(ConnectorConfig, "max_inflight_bytes"),
+                         default=_CONNECTOR["max_inflight_bytes"],
                          help="raw hidden-state bytes awaiting Kafka acks (default %(default)s)")
 
 
-def options_from_args(args: argparse.Namespace) -> tuple[EngineOptions, ConnectorConfig, ExtractorOptions]:
-    config = text_config(args.model)
+def model_and_layers(args: argparse.Namespace) -> tuple[Any, list[int]]:
+    """The model's text config and the layer ids (``--layers`` or the default),
+    checked against it; :class:`UsageError` for a directory that is not a model
+    (before transformers could take it for a hub id) or layers it lacks. Shared
+    with ``hsx run``, which checks before it starts anything."""
+    model_dir("--model", args.model)
+    try:
+        config = text_config(args.model)
+    except (OSError, ValueError) as exc:  # an unreadable or unknown config.json
+        raise UsageError(f"--model {args.model}: {exc}") from exc
     layers = args.layers or default_layer_ids(config.num_hidden_layers)
     if max(layers) > config.num_hidden_layers:
-        raise UsageError(f"layer ids go up to num_hidden_layers = {config.num_hidden_layers}, got {layers}")
+        raise UsageError(f"layer ids go up to num_hidden_layers = {config.num_hidden_layers}, got {layers} (--layers)")
+    return config, layers
+
+
+def options_from_args(args: argparse.Namespace) -> tuple[EngineOptions, ConnectorConfig, ExtractorOptions]:
+    config, layers = model_and_layers(args)
     engine = from_args(EngineOptions, args, layer_ids=layers, engine_args=dict(args.engine_arg))
     # One request of max_model_len tokens must always fit the in-flight budget
     # (4 bytes per element bounds every supported dtype).
@@ -142,10 +167,15 @@ def run(args: argparse.Namespace) -> int:
     kafka = KafkaSettings(**overrides(bootstrap=args.bootstrap))
     redact_secrets(kafka.secret_values())
     topics = TopicSettings(**overrides(prompts=args.topic, blocks=args.blocks_topic, prompts_dlq=args.dlq_topic))
+    if args.stats_file:
+        writable_file("--stats-file", args.stats_file)
     try:
         engine, connector, service = options_from_args(args)
-    except (OSError, ValueError) as exc:  # the model directory or its config
+    except ValueError as exc:  # a value the options reject (pydantic's ValidationError is one)
         raise UsageError(str(exc)) from exc
+    # Before the service: it takes SIGINT as a drain, so a Ctrl-C during this wait
+    # (for ever by default) would otherwise go unheard.
+    wait_for_cluster(kafka, args.connect_timeout)
     extractor = Extractor(kafka, topics, engine, connector, service, PromptLimitSettings().limits())
     stats = asyncio.run(extractor.run())
     print(f"extract: {stats.describe()}")

@@ -9,11 +9,14 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import NoReturn
 
-from runtime.errors import HsxError
+from runtime.checks import integer, writable_dir
+from runtime.errors import ExitCode, HsxError, UsageError
 from runtime.logs import configure_logging
 
 log = logging.getLogger("hsx")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 # Each module has add_arguments(parser) and run(args) -> exit code.
 SERVICE_COMMANDS = [
@@ -27,11 +30,22 @@ SERVICE_COMMANDS = [
 ]
 
 
-def _broker(args: argparse.Namespace) -> int:
-    from runtime.broker import EmbeddedBroker
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors in one line (usage and all would be a screenful
+    for ``hsx extract``); the exit code stays argparse's 2, :attr:`ExitCode.USAGE`."""
 
+    def error(self, message: str) -> NoReturn:
+        self.exit(ExitCode.USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _broker(args: argparse.Namespace) -> int:
+    from runtime.broker import EmbeddedBroker, check_listen
+
+    check_listen(args.host, args.port)
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP too (the terminal closed): the broker runs in a session of its own,
+    # so only this process can stop it.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     with EmbeddedBroker(port=args.port, host=args.host) as broker:
         print(broker.bootstrap, flush=True)
@@ -45,19 +59,26 @@ def _broker(args: argparse.Namespace) -> int:
 def _models_prepare(args: argparse.Namespace) -> int:
     from hsx import models
 
-    for name, path in models.prepare(args.dir).items():
+    if args.dir is not None:
+        writable_dir("--dir", args.dir)
+    try:
+        prepared = models.prepare(args.dir)
+    except models.ModelSourceMissingError as exc:  # a package to install: nothing was built
+        raise UsageError(str(exc)) from exc
+    for name, path in prepared.items():
         print(f"{name}: {path}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hsx", description="Streaming hidden-states extraction with vLLM and Kafka.")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR (default INFO)")
+    parser = _Parser(prog="hsx", description="Streaming hidden-states extraction with vLLM and Kafka.")
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
+                        help="DEBUG (adds tracebacks to errors), INFO, WARNING, ERROR (default INFO)")
     parser.add_argument("--log-format", choices=["text", "json"], default="text", help="log line format")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     broker = commands.add_parser("broker", help="run the embedded Kafka-protocol broker (in-memory, for development)")
-    broker.add_argument("--port", type=int, help="port to listen on (default: a free one)")
+    broker.add_argument("--port", type=integer(1, 65535), help="port to listen on (default: a free one)")
     broker.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     broker.set_defaults(handler=_broker)
 
@@ -77,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; an :class:`HsxError` becomes one log line and its exit code
-    (the table is :class:`runtime.errors.ExitCode`)."""
+    (the table is :class:`runtime.errors.ExitCode`), Ctrl-C one line and 130."""
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
     try:
@@ -86,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         log.debug("%s", exc, exc_info=True)
         log.error("hsx %s: %s", args.command, exc)
         return int(exc.exit_code)
+    except KeyboardInterrupt:  # each command stops its children on the way out (context managers, finally)
+        log.debug("interrupted", exc_info=True)
+        log.error("hsx %s: interrupted (Ctrl-C)", args.command)
+        return int(ExitCode.INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,14 @@ from pathlib import Path
 
 from hsx import models
 from hsx.reference import HFReference, max_relative_error
-from hsx.run import RunPlan, run_pipeline
+from hsx.run import RunPlan, run_pipeline, stopping_children_on_interrupt
 from hsx.summary import RunReport, render
 from producer.sources import read_jsonl
 from runtime.broker import dev_bootstrap
-from runtime.errors import ExitCode
+from runtime.checks import writable_dir
+from runtime.errors import ExitCode, UsageError
 from sink.reader import open_dataset
+from sink.shards import INDEX, SHARDS
 
 DEMO_PROMPTS = "demo_prompts.jsonl"
 MODEL = "smollm2-135m-instruct"
@@ -35,13 +37,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_output(args.output)
     model_dir = models.prepare(names=[MODEL])[MODEL]
     shutil.rmtree(args.output, ignore_errors=True)
-    with (resources.files("hsx") / "data" / DEMO_PROMPTS).open("rb") as stream, dev_bootstrap() as bootstrap:
+    with (stopping_children_on_interrupt(), (resources.files("hsx") / "data" / DEMO_PROMPTS).open("rb") as stream,
+          dev_bootstrap() as bootstrap):
         plan = RunPlan(model=model_dir, output=args.output, lines=read_jsonl(stream, DEMO_PROMPTS),
                        engine_argv=ENGINE_ARGV, bootstrap=bootstrap, progress=not args.no_progress)
         report = run_pipeline(plan)
     return _check(report, model_dir)
+
+
+def _check_output(output: Path) -> None:
+    """The demo empties its output first: only a new or empty directory, or an
+    earlier hsx dataset (``logs``, ``shards``, ``index`` and nothing else) may be
+    emptied, never a directory that holds anything of the user's."""
+    writable_dir("--output", output)
+    if output.is_dir():
+        foreign = sorted(p.name for p in output.iterdir() if p.name not in (INDEX, SHARDS, "logs"))
+        if foreign:
+            raise UsageError(f"--output {output}: holds {', '.join(foreign[:3])}, which is not an hsx dataset; "
+                             "the demo empties its output, so choose another directory")
 
 
 def _check(report: RunReport, model_dir: Path) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import time
 import uuid
@@ -24,9 +25,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 from tqdm import tqdm
 
-from extractor.cli import add_model_arguments, as_argv
+from extractor.cli import add_model_arguments, as_argv, model_and_layers
 from hsx.dev.commands import extract_command, sink_command
 from hsx.dev.spawn import HsxService
 from hsx.dev.topics import fresh_topic_settings
@@ -36,8 +38,10 @@ from producer.cli import add_input_arguments, input_from_args
 from producer.publisher import InvalidPolicy, Mapping, Publisher, PublishSummary
 from producer.sources import SourceLine
 from runtime.broker import EmbeddedBroker
-from runtime.errors import ExitCode, UsageError
+from runtime.checks import bounded, model_dir, outside, writable_dir
+from runtime.errors import ExitCode
 from runtime.kafka import DeliveryTracker, ensure_topics, make_producer
+from runtime.kafka.admin import ONE_SHOT_CONNECT_TIMEOUT, add_connect_timeout
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings
 from schemas import Topics
 from sink.reader import open_dataset
@@ -52,7 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_input_arguments(parser)
     parser.add_argument("--output", type=Path, required=True, help="dataset directory (resumed if it has one)")
     parser.add_argument("--bootstrap", help="a Kafka cluster (env HSX_KAFKA_BOOTSTRAP; default: an embedded broker)")
-    parser.add_argument("--partitions", type=int, default=2, help="partitions of run-scoped topics (default 2)")
+    add_connect_timeout(parser, ONE_SHOT_CONNECT_TIMEOUT, cluster="the cluster of --bootstrap")
+    parser.add_argument("--partitions", type=bounded(TopicSettings, "partitions"), default=2,
+                        help="partitions of run-scoped topics (default 2)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(model_actions=add_model_arguments(parser))
 
@@ -71,25 +77,28 @@ class RunPlan:
     bootstrap: str | None = None
     partitions: int = 2
     progress: bool = True
+    connect_timeout: float | None = ONE_SHOT_CONNECT_TIMEOUT
+    """How long a cluster named by ``bootstrap`` may take to answer (``None``: for ever)."""
 
     def __post_init__(self) -> None:
-        if not (self.model / "config.json").is_file():
-            raise UsageError(f"--model {self.model}: not a model directory (no config.json); hsx downloads nothing")
-        if self.output.exists() and not self.output.is_dir():
-            raise UsageError(f"--output {self.output}: exists and is not a directory")
+        model_dir("--model", self.model)
+        writable_dir("--output", self.output)
 
 
 def run(args: argparse.Namespace) -> int:
     lines, mapping, on_invalid = input_from_args(args)
+    model_and_layers(args)  # the layer ids too: the extractor, a child process, would find them wrong only later
+    outside("--output", args.output, "INPUT", args.file)  # a datasets directory as input
     forwarded = [a for a in args.model_actions if a.dest != "model"]
     plan = RunPlan(model=Path(args.model), output=args.output, lines=lines, mapping=mapping, on_invalid=on_invalid,
                    engine_argv=as_argv(forwarded, args), bootstrap=args.bootstrap, partitions=args.partitions,
-                   progress=not args.no_progress)
+                   progress=not args.no_progress, connect_timeout=args.connect_timeout)
     try:
-        report = run_pipeline(plan)
+        with stopping_children_on_interrupt():
+            report = run_pipeline(plan)
     except KeyboardInterrupt:  # the services were killed; nothing unfinished was committed
         print(f"hsx run: interrupted; run the same command again to resume into {plan.output}", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
     print(render(report.rows()))
     print(f"hsx run: {'done' if report.ok else 'FAILED'}; the dataset is in {plan.output}")
     return ExitCode.OK if report.ok else ExitCode.FAILED
@@ -106,7 +115,7 @@ def run_pipeline(plan: RunPlan) -> RunReport:
         topic_settings = _topics(plan.partitions)
         topics = topic_settings.topics()
         ensure_topics(kafka, topic_settings, [topics.prompts, topics.prompts_dlq, topics.blocks,
-                                              topics.blocks_dlq, topics.ready])
+                                              topics.blocks_dlq, topics.ready], timeout=plan.connect_timeout)
         ledger = Ledger()
         feed = LedgerFeed(kafka, topics, ledger)
         group = f"hsx-run-{uuid.uuid4().hex[:8]}"
@@ -138,6 +147,30 @@ def run_pipeline(plan: RunPlan) -> RunReport:
                     service.kill()
     return RunReport(plan.output, published, ledger, extractor.read_stats(), sink.read_stats(),
                      time.monotonic() - started, failures)
+
+
+@contextlib.contextmanager
+def stopping_children_on_interrupt() -> Iterator[None]:
+    """Inside, SIGTERM and SIGHUP (a closed terminal) interrupt as Ctrl-C does,
+    and an interrupt kills every child process still left before it goes on
+    (the services and the broker run in sessions of their own, so no signal
+    reaches them but ours; the ordinary cleanup may itself have been cut short)."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    except KeyboardInterrupt:
+        previous.setdefault(signal.SIGINT, signal.signal(signal.SIGINT, signal.SIG_IGN))  # a 2nd Ctrl-C waits
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager

@@ -15,8 +15,10 @@ from tqdm import tqdm
 from producer.inputs import SHUFFLE_BUFFER, InputKind, InputRows, InputSpec
 from producer.publisher import InvalidLine, InvalidPolicy, Mapping, Publisher, PublishSummary
 from producer.sources import DatasetFormat
+from runtime.checks import enum_value, integer
 from runtime.errors import ExitCode, UsageError
 from runtime.kafka import DeliveryTracker, ensure_topics, make_producer
+from runtime.kafka.admin import ONE_SHOT_CONNECT_TIMEOUT, add_connect_timeout
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
 from runtime.logs import redact_secrets
 
@@ -29,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", help="Kafka bootstrap servers (env HSX_KAFKA_BOOTSTRAP)")
     parser.add_argument("--topic", help="prompts topic (env HSX_TOPIC_PROMPTS, default prompts)")
     parser.add_argument("--dlq-topic", help="dead-letter topic (env HSX_TOPIC_PROMPTS_DLQ, default prompts.dlq)")
+    add_connect_timeout(parser, ONE_SHOT_CONNECT_TIMEOUT)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -41,12 +44,12 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
         "directory, or - for JSONL on standard input",
     )
     parser.add_argument(
-        "--input-format", type=InputKind, choices=[k.value for k in InputKind],
+        "--input-format", type=enum_value(InputKind), choices=[k.value for k in InputKind],
         help="what INPUT is (default: from its extension, or a directory's dataset_info.json/dataset_dict.json)",
     )
     parser.add_argument(
         "--format",
-        type=DatasetFormat,
+        type=enum_value(DatasetFormat),
         choices=[f.value for f in DatasetFormat],
         default=DatasetFormat.EVENT,
         help="shape of each row: event (a PromptEvent), text (a text field), "
@@ -58,7 +61,7 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
         "--metadata-fields", default="", help="comma-separated fields copied into the event's metadata"
     )
     parser.add_argument("--split", help="split of a datasets DatasetDict directory (needed if it has several)")
-    parser.add_argument("--limit", type=_count, metavar="N", help="publish at most the first N rows (after --shuffle)")
+    parser.add_argument("--limit", type=integer(0), metavar="N", help="publish at most the first N rows (after --shuffle)")
     parser.add_argument(
         "--shuffle", action="store_true",
         help=f"shuffle the rows (within a {SHUFFLE_BUFFER}-row buffer; request ids do not change)",
@@ -66,7 +69,7 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="shuffle seed (default 0: the same order every time)")
     parser.add_argument(
         "--on-invalid",
-        type=InvalidPolicy,
+        type=enum_value(InvalidPolicy),
         choices=[p.value for p in InvalidPolicy],
         default=InvalidPolicy.SKIP,
         help="what to do with an invalid row (default: skip, reporting it)",
@@ -98,20 +101,13 @@ def input_from_args(args: argparse.Namespace) -> PromptInput:
     return PromptInput(InputRows(spec), mapping, args.on_invalid)
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
 def run(args: argparse.Namespace) -> int:
     kafka = KafkaSettings(**overrides(bootstrap=args.bootstrap))
     redact_secrets(kafka.secret_values())
     topic_settings = TopicSettings(**overrides(prompts=args.topic, prompts_dlq=args.dlq_topic))
     topics = topic_settings.topics()
     prompts = input_from_args(args)  # checks the input before the broker is asked for anything
-    ensure_topics(kafka, topic_settings, [topics.prompts, topics.prompts_dlq])
+    ensure_topics(kafka, topic_settings, [topics.prompts, topics.prompts_dlq], timeout=args.connect_timeout)
     publisher = Publisher(DeliveryTracker(make_producer(kafka)), topics, prompts.mapping,
                           PromptLimitSettings().limits(), prompts.on_invalid)
     try:

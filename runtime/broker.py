@@ -22,6 +22,7 @@ from types import TracebackType
 
 from confluent_kafka.admin import AdminClient
 
+from runtime.errors import UsageError
 from runtime.kafka.errors import KafkaUnavailable
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,24 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def check_listen(host: str, port: int | None) -> None:
+    """Raise :class:`UsageError` unless a broker can listen on ``host:port`` (any
+    free port when ``None``) and its binary is installed: checked before the
+    broker starts, which would otherwise fail after its start-up timeout."""
+    try:
+        tansu_binary()
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from exc
+    where = f"--host {host}" if port is None else f"--port {port} on --host {host}"
+    try:
+        with socket.socket() as sock:
+            # As a listener would: a port left in TIME_WAIT is free, one listened on is not.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port or 0))
+    except OSError as exc:  # in use, not an address of this machine, not an address at all
+        raise UsageError(f"{where}: cannot listen there ({exc.strerror or exc})") from exc
 
 
 def wait_for_broker(bootstrap: str, timeout: float = 30.0) -> None:

@@ -23,7 +23,11 @@ class ExitCode(IntEnum):
     USAGE = 2
     """Bad command line or local input (argparse uses 2 as well)."""
     UNAVAILABLE = 3
-    """The Kafka cluster did not answer in time."""
+    """The Kafka cluster did not answer in time (``--connect-timeout``)."""
+    INTERRUPTED = 130
+    """Ctrl-C (SIGINT) before the command finished (128 + SIGINT, as shells report
+    it); child processes were stopped and the same command resumes. Services
+    (``extract``, ``sink``) take a SIGINT once running as a drain and exit 0."""
 
 
 class HsxError(Exception):

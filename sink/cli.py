@@ -7,6 +7,8 @@ from pathlib import Path
 
 import orjson
 
+from runtime.checks import integer, number, writable_dir, writable_file
+from runtime.kafka.admin import add_connect_timeout, wait_for_cluster
 from runtime.settings import KafkaSettings, TopicSettings, from_args, overrides
 from runtime.logs import redact_secrets
 from sink.options import SinkOptions
@@ -17,30 +19,33 @@ _DEFAULTS = SinkOptions(output=Path("."))
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", help="bootstrap servers (env HSX_KAFKA_BOOTSTRAP)")
+    add_connect_timeout(parser, None)
     parser.add_argument("--output", type=Path, required=True, help="dataset directory")
     parser.add_argument("--topic", help="blocks topic (env HSX_TOPIC_BLOCKS)")
     parser.add_argument("--ready-topic", help="ready events topic (env HSX_TOPIC_READY)")
     parser.add_argument("--dlq-topic", help="dead-letter topic (env HSX_TOPIC_BLOCKS_DLQ)")
     parser.add_argument("--group", default=_DEFAULTS.group_id, help="consumer group id (default %(default)s)")
     parser.add_argument("--dataset-name", help="name in ready-event ids (default: the output folder's name)")
-    parser.add_argument("--max-shard-bytes", type=int, default=_DEFAULTS.max_shard_bytes,
+    parser.add_argument("--max-shard-bytes", type=integer(1), default=_DEFAULTS.max_shard_bytes,
                         help="close a shard at this size (default %(default)s)")
-    parser.add_argument("--max-shard-samples", type=int, default=_DEFAULTS.max_shard_samples,
+    parser.add_argument("--max-shard-samples", type=integer(1), default=_DEFAULTS.max_shard_samples,
                         help="close a shard at this many samples (default %(default)s)")
-    parser.add_argument("--max-shard-age", type=float, default=_DEFAULTS.max_shard_age, metavar="SECS",
+    parser.add_argument("--max-shard-age", type=number(above=0), default=_DEFAULTS.max_shard_age, metavar="SECS",
                         help="close a shard after SECS (default %(default)s)")
-    parser.add_argument("--flush-when-idle", type=float, metavar="SECS",
+    parser.add_argument("--flush-when-idle", type=number(above=0), metavar="SECS",
                         help="close an open shard after SECS without a new sample (default: off)")
-    parser.add_argument("--max-buffer-bytes", type=int, default=_DEFAULTS.max_buffer_bytes,
+    parser.add_argument("--max-buffer-bytes", type=integer(1), default=_DEFAULTS.max_buffer_bytes,
                         help="memory budget; pause above it (default %(default)s)")
-    parser.add_argument("--incomplete-timeout", type=float, default=_DEFAULTS.incomplete_timeout, metavar="SECS",
+    parser.add_argument("--incomplete-timeout", type=number(above=0), default=_DEFAULTS.incomplete_timeout,
+                        metavar="SECS",
                         help="reject blocks whose manifest has not come after SECS (default %(default)s)")
-    parser.add_argument("--session-timeout-ms", type=int, default=_DEFAULTS.session_timeout_ms)
-    parser.add_argument("--exit-when-idle", type=float, metavar="SECS", help="stop after SECS with nothing to read")
+    parser.add_argument("--session-timeout-ms", type=integer(1), default=_DEFAULTS.session_timeout_ms)
+    parser.add_argument("--exit-when-idle", type=number(0), metavar="SECS", help="stop after SECS with nothing to read")
     parser.add_argument("--exactly-once", action="store_true",
                         help="ready events and offset commits in one Kafka transaction (needs a broker with full "
                              "transaction support, e.g. Apache Kafka)")
-    parser.add_argument("--health-port", type=int, help="serve /healthz, /readyz, /metrics on this port (off if unset)")
+    parser.add_argument("--health-port", type=integer(0, 65535),
+                        help="serve /healthz, /readyz, /metrics on this port (off if unset)")
     parser.add_argument("--stats-file", type=Path, help="write the final statistics here as JSON")
 
 
@@ -48,7 +53,13 @@ def run(args: argparse.Namespace) -> int:
     kafka = KafkaSettings(**overrides(bootstrap=args.bootstrap))
     redact_secrets(kafka.secret_values())
     topics = TopicSettings(**overrides(blocks=args.topic, ready=args.ready_topic, blocks_dlq=args.dlq_topic))
+    writable_dir("--output", args.output)
+    if args.stats_file:
+        writable_file("--stats-file", args.stats_file)
     options = from_args(SinkOptions, args, group_id=args.group, dataset=args.dataset_name)
+    # Before the service: it takes SIGINT as a drain, so a Ctrl-C during this wait
+    # (for ever by default) would otherwise go unheard.
+    wait_for_cluster(kafka, args.connect_timeout)
     stats = Sink(kafka, topics, options).run()
     print(f"sink: {stats.describe()}")
     if args.stats_file:

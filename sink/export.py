@@ -22,7 +22,10 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from runtime.checks import existing_dir, new_dir, outside
+from sink.inspect import DATASET
 from sink.reader import open_dataset
+from sink.shards import INDEX
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,9 +67,9 @@ def export_speculators(dataset_path: Path, out: Path) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.out.exists():
-        print(f"hsx export: {args.out} exists; choose a new directory")
-        return 2
+    existing_dir("--dataset", args.dataset, INDEX, DATASET)
+    new_dir("OUT", args.out)
+    outside("OUT", args.out, "--dataset", args.dataset)
     count = export_speculators(args.dataset, args.out)
     print(f"exported {count} samples to {args.out} (speculators layout)")
     return 0

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-
+from runtime.checks import existing_dir
+from runtime.errors import UsageError
 from sink.reader import open_dataset
+from sink.shards import INDEX, SHARDS
+
+DATASET = "a dataset written by hsx sink"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,17 +19,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample", help="request id to describe (default: the first)")
 
 
+def _root(path: Path) -> tuple[Path, Path | None]:
+    """The dataset directory PATH names, and the shard when it names one."""
+    if not path.exists():
+        raise UsageError(f"no dataset at {path} (PATH: {DATASET}, or a shard file in one)")
+    if path.is_file():
+        if path.parent.name != SHARDS:
+            raise UsageError(f"PATH {path}: a file, but not a shard (shards lie in a dataset's {SHARDS}/)")
+        return existing_dir("PATH", path.parent.parent, INDEX, DATASET), path.resolve()
+    return existing_dir("PATH", path, INDEX, DATASET), None
+
+
 def run(args: argparse.Namespace) -> int:
     path: Path = args.path
-    root, only_shard = (path.parent.parent, path.resolve()) if path.is_file() else (path, None)
-    try:
-        dataset = open_dataset(root)
-    except FileNotFoundError as exc:
-        print(f"hsx inspect: {exc}")
-        return 2
+    root, only_shard = _root(path)
+    dataset = open_dataset(root)
     ids = [r for r in dataset.request_ids() if only_shard is None or (root / dataset.event(r).shard).resolve() == only_shard]
+    if args.sample is not None and args.sample not in ids:
+        raise UsageError(f"--sample {args.sample}: no such sample in {path}")
     if not ids:
-        print(f"hsx inspect: no samples in {path}")
+        print(f"hsx inspect: no samples in {path}", file=sys.stderr)
         return 1
     events = [dataset.event(r) for r in ids]
     shards = sorted({e.shard for e in events})
@@ -39,9 +53,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"dtype        {', '.join(sorted({e.dtype.value for e in events}))}, hidden size "
           f"{', '.join(str(h) for h in sorted({e.hidden_size for e in events}))}")
     request_id = args.sample or ids[0]
-    if request_id not in dataset:
-        print(f"hsx inspect: no sample {request_id!r}")
-        return 1
     sample = dataset[request_id]
     hidden = sample["hidden_states"].float()
     print(f"\nsample       {request_id} in {dataset.event(request_id).shard}")
@@ -53,6 +64,3 @@ def run(args: argparse.Namespace) -> int:
         rows = hidden[:, j]
         print(f"{layer:<8} {rows.mean():>11.4f} {rows.std(correction=0):>11.4f} {rows.min():>11.4f} {rows.max():>11.4f}")
     return 0
-
-
-
