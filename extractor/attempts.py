@@ -77,7 +77,7 @@ class Attempts:
         tokens, spans, turns = await self._earlier_turns(event, prepared, attempt_id)
         params = RequestParams(request_id=event.request_id, attempt_id=attempt_id, source=source,
                                loss_mask_spans=spans, metadata=event.metadata, generation=event.generation,
-                               capture=event.capture,
+                               capture=event.capture or "all",
                                earlier_turns=turns or None)
         future = self._completions.expect(attempt_id)
         await self._engine.prefill(tokens, params)

@@ -145,8 +145,8 @@ def run_pipeline(plan: RunPlan) -> RunReport:
             for service in services:
                 if service.proc is not None and service.exited() is None:
                     service.kill()
-    return RunReport(plan.output, published, ledger, extractor.read_stats(), sink.read_stats(),
-                     time.monotonic() - started, failures)
+    extracted, sunk = ({} if s.proc is None else s.read_stats() for s in (extractor, sink))  # started this run
+    return RunReport(plan.output, published, ledger, extracted, sunk, time.monotonic() - started, failures)
 
 
 @contextlib.contextmanager

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
+import orjson
+from pydantic import ValidationError
 from tqdm import tqdm
 
 from producer.inputs import SHUFFLE_BUFFER, InputKind, InputRows, InputSpec
@@ -21,6 +24,7 @@ from runtime.kafka import DeliveryTracker, ensure_topics, make_producer
 from runtime.kafka.admin import ONE_SHOT_CONNECT_TIMEOUT, add_connect_timeout
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
 from runtime.logs import redact_secrets
+from schemas import Generation, format_validation_error
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,13 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, help="shuffle seed (default 0: the same order every time)")
     parser.add_argument(
+        "--generate", type=_generation, metavar="KEY=VALUE,...",
+        help="let the verifier answer every prompt and capture prompt + answer, e.g. "
+        "max_tokens=512,temperature=0.7,seed=1 (schemas.Generation's fields; a row's own 'generation' wins)",
+    )
+    parser.add_argument("--turns", choices=["all", "last"],
+                        help="with --generate, for chats: regenerate every assistant turn, or only the last")
+    parser.add_argument(
         "--on-invalid",
         type=enum_value(InvalidPolicy),
         choices=[p.value for p in InvalidPolicy],
@@ -92,13 +103,37 @@ def input_from_args(args: argparse.Namespace) -> PromptInput:
     if args.seed is not None and not args.shuffle:
         raise UsageError("--seed only makes sense with --shuffle")
     spec = InputSpec(args.file, args.input_format, args.split, args.limit, args.shuffle, args.seed or 0)
+    if args.turns is not None and args.generate is None:
+        raise UsageError("--turns only makes sense with --generate")
+    generation = args.generate
+    if generation is not None and args.turns is not None:
+        generation = generation.model_copy(update={"turns": args.turns})
     mapping = Mapping(
         fmt=args.format,
         text_field=args.text_field,
         id_field=args.id_field,
         metadata_fields=tuple(f for f in args.metadata_fields.split(",") if f),
+        generation=generation,
     )
     return PromptInput(InputRows(spec), mapping, args.on_invalid)
+
+
+def _generation(text: str) -> Generation:
+    """``max_tokens=512,temperature=0.7,stop_token_ids=[2,7]``: each value is read as
+    JSON where it can be (numbers, booleans, lists), else as a string."""
+    fields: dict[str, object] = {}
+    for item in re.split(r",(?![^\[]*\])", text):  # commas inside [...] belong to a list
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"wants KEY=VALUE pairs separated by commas, got {item!r}")
+        try:
+            fields[key.strip()] = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            fields[key.strip()] = value
+    try:
+        return Generation.model_validate(fields, strict=False)
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(format_validation_error(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:

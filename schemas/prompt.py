@@ -65,8 +65,9 @@ class PromptEvent(StrictModel):
     metadata: dict[str, JsonValue] | None = None
     generation: Generation | None = None
     """Let the verifier answer, and capture prompt + answer (see :mod:`schemas.generation`)."""
-    capture: Capture = "all"
-    """``last``: store only the final input token's hidden states, ``[1, L, H]``."""
+    capture: Capture | None = None
+    """``last``: store only the final input token's hidden states, ``[1, L, H]``;
+    unset or ``all``: every input token's."""
 
     @classmethod
     def model_validate_json(  # type: ignore[override]

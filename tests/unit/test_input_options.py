@@ -191,3 +191,34 @@ def test_standard_input_as_jsonl_or_json(monkeypatch: pytest.MonkeyPatch) -> Non
         lines = list(InputRows(InputSpec("-", kind)))
         assert [(line.source, line.line_no, orjson.loads(line.raw)) for line in lines] == [
             ("stdin", 1, {"prompt": "a"}), ("stdin", 2, {"prompt": "b"})]
+
+
+def test_generate_attaches_generation_to_rows_without_one(tmp_path: Path) -> None:
+    from producer.publisher import parse_line
+
+    path = tmp_path / "gen.jsonl"
+    path.write_bytes(b'{"prompt": "hi"}\n{"prompt": "yo", "generation": {"max_tokens": 3}}\n')
+    args = parse(str(path), "--generate", "max_tokens=512,temperature=0.7,seed=1,stop_token_ids=[2,7]",
+                 "--turns", "last")
+    prompt_input = input_from_args(args)
+    first, second = (parse_line(line, prompt_input.mapping) for line in prompt_input.lines)
+    assert first.generation is not None and first.generation.model_dump(exclude_none=True) == {
+        "max_tokens": 512, "temperature": 0.7, "seed": 1, "stop_token_ids": [2, 7], "ignore_eos": False,
+        "turns": "last"}
+    assert second.generation is not None and second.generation.max_tokens == 3  # the row's own wins
+
+
+@pytest.mark.parametrize("value, phrase", [("max_tokens=0", "max_tokens"), ("max_tokens=5,beam=2", "beam"),
+                                           ("temperature", "KEY=VALUE")])
+def test_bad_generate_values_name_the_rule(value: str, phrase: str, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse(str(tmp_path / "x.jsonl"), "--generate", value)
+    assert exit_.value.code == 2 and phrase in capsys.readouterr().err
+
+
+def test_turns_needs_generate(tmp_path: Path) -> None:
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b'{"prompt": "hi"}\n')
+    with pytest.raises(UsageError, match="--turns only makes sense with --generate"):
+        input_from_args(parse(str(path), "--turns", "all"))
