@@ -8,7 +8,10 @@ The trainer feeds slots ``0..L-2`` to its fusion layer and uses slot ``L-1`` as
 the verifier's last hidden state (it applies the final norm itself), so the
 exported layers must end with the last layer's pre-norm output: hsx's layer id
 ``num_hidden_layers``, which the default layer set includes. Samples that were
-not chats get a loss mask of ones (train on every token).
+not chats get a loss mask of ones (train on every token). A sample whose answer
+the verifier generated is exported as the regenerated conversation, its loss
+mask on the generated tokens; samples that kept the last token's hidden states
+only (``capture: last``) cannot be exported.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 from safetensors.torch import save_file
 
 from runtime.checks import existing_dir, new_dir, outside
+from runtime.errors import UsageError
 from sink.inspect import DATASET
 from sink.reader import open_dataset
 from sink.shards import INDEX
@@ -54,6 +58,12 @@ def export_speculators(dataset_path: Path, out: Path) -> int:
     from datasets import Dataset as ArrowDataset
 
     dataset = open_dataset(dataset_path)
+    if not len(dataset):
+        raise UsageError(f"--dataset {dataset_path}: holds no samples yet")
+    last_only = [r for r in dataset.request_ids() if dataset.event(r).capture == "last"]
+    if last_only:
+        raise UsageError(f"--dataset {dataset_path}: {len(last_only)} samples (e.g. {last_only[0]}) hold the last "
+                         "token's hidden states only (capture: last); speculators trains on every token's")
     (out / "hidden_states").mkdir(parents=True)
     for row, request_id in enumerate(dataset.request_ids()):
         sample = dataset[request_id]

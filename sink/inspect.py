@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 
 from runtime.checks import existing_dir
 from runtime.errors import UsageError
+from schemas import HiddenStatesReady
 from sink.reader import open_dataset
 from sink.shards import INDEX, SHARDS
 
@@ -52,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"layer ids    {'; '.join(','.join(map(str, s)) for s in layer_sets)}")
     print(f"dtype        {', '.join(sorted({e.dtype.value for e in events}))}, hidden size "
           f"{', '.join(str(h) for h in sorted({e.hidden_size for e in events}))}")
+    turns = [t for e in events if e.generation for t in e.generation.turns]
+    if turns:
+        reasons = Counter(t.finish_reason for t in turns)
+        print(f"generated    {sum(1 for e in events if e.generation)} samples, {len(turns)} answers "
+              f"({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))})")
     request_id = args.sample or ids[0]
     sample = dataset[request_id]
     hidden = sample["hidden_states"].float()
@@ -59,8 +66,22 @@ def run(args: argparse.Namespace) -> int:
     print(f"tokens       {hidden.shape[0]}; loss mask "
           + (f"{int(sample['loss_mask'].sum())} tokens" if sample["loss_mask"] is not None else "none"))
     print(f"metadata     {sample['metadata']}")
+    _describe_generation(dataset.event(request_id))
     print("layer        mean        std         min         max")
     for j, layer in enumerate(dataset.event(request_id).layer_ids):
         rows = hidden[:, j]
         print(f"{layer:<8} {rows.mean():>11.4f} {rows.std(correction=0):>11.4f} {rows.min():>11.4f} {rows.max():>11.4f}")
     return 0
+
+
+def _describe_generation(event: HiddenStatesReady) -> None:
+    """Each generated answer's token range and finish reason, and how it was sampled."""
+    if event.capture == "last":
+        print("capture      last (the final input token's hidden states only)")
+    if event.generation is None:
+        return
+    params = event.generation.params.model_dump(exclude_none=True)
+    print(f"generation   {params}")
+    for k, turn in enumerate(event.generation.turns):
+        print(f"  answer {k}   tokens [{turn.token_start}, {turn.token_end}), {turn.finish_reason}")
+    print(f"  final token {event.generation.final_token_id} (no hidden state: never an input)")

@@ -1,0 +1,79 @@
+"""``hsx inspect`` and ``hsx export`` on samples whose answers the verifier
+generated, and on last-token samples."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from hsx.cli import main
+from sink.assembler import Assembler, Record, Sample
+from sink.shards import OpenShard, write_shard
+from sink.storage import LocalStorage
+from tests.unit.test_assembler import feed, records
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """``main`` configures the root logger for the process: undo it for later tests."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def _generated(request_id: str) -> Sample:
+    """A 10-token sample whose tokens 6..9 (and a final token 77) were generated."""
+    recs, _ = records(request_id, tokens=10)
+    manifest = orjson.loads(recs[-1].value)
+    manifest["loss_mask_spans"] = [[6, 10]]
+    manifest["generation"] = {"params": {"max_tokens": 5}, "final_token_id": 77,
+                              "turns": [{"token_start": 6, "token_end": 11, "finish_reason": "length"}]}
+    recs[-1] = Record(recs[-1].offset, recs[-1].key, orjson.dumps(manifest), recs[-1].headers)
+    (sample,) = feed(Assembler(), recs)
+    assert isinstance(sample, Sample)
+    return sample
+
+
+def _dataset(tmp_path: Path, *samples: Sample) -> Path:
+    shard = OpenShard(topic="hidden_states.blocks", partition=0)
+    for sample in samples:
+        shard.add(sample)
+    write_shard(LocalStorage(tmp_path / "ds"), "ds", shard)
+    return tmp_path / "ds"
+
+
+def test_inspect_shows_each_generated_answer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _dataset(tmp_path, _generated("gen-1"))
+    assert main(["inspect", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "generated    1 samples, 1 answers (length 1)" in out
+    assert "answer 0   tokens [6, 11), length" in out and "final token 77" in out
+    assert "'max_tokens': 5" in out
+
+
+def test_export_writes_the_regenerated_conversation(tmp_path: Path) -> None:
+    from datasets import load_from_disk
+
+    root = _dataset(tmp_path, _generated("gen-1"))
+    assert main(["export", str(tmp_path / "out"), "--dataset", str(root)]) == 0
+    (row,) = load_from_disk(str(tmp_path / "out")).to_list()
+    assert row["input_ids"] == list(range(10)) and row["loss_mask"] == [0] * 6 + [1] * 4
+
+
+def test_export_refuses_last_token_samples(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    recs, _ = records("last-1", tokens=1)
+    manifest = orjson.loads(recs[-1].value)
+    manifest["capture"] = "last"  # one token, so the one block already covers [T-1, T)
+    recs[-1] = Record(recs[-1].offset, recs[-1].key, orjson.dumps(manifest), recs[-1].headers)
+    (sample,) = feed(Assembler(), recs)
+    assert isinstance(sample, Sample)
+    root = _dataset(tmp_path, sample)
+    assert main(["export", str(tmp_path / "out"), "--dataset", str(root)]) == 2
+    assert "hold the last token's hidden states only" in capfd.readouterr().err
+    assert not (tmp_path / "out").exists()
