@@ -9,6 +9,7 @@ acknowledgement also counts as done, so a partition never stalls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import tempfile
@@ -24,7 +25,7 @@ from extractor.engine import Engine, EngineOptions, text_config
 from extractor.options import ExtractorOptions
 from extractor.prompts import PromptPreparer, PromptRejected
 from extractor.stats import ExtractorStats
-from runtime.errors import Rejection, ServiceFailed
+from runtime.errors import ExitCode, Rejection, ServiceFailed
 from runtime.kafka import ensure_topics, make_producer
 from runtime.kafka.dead_letters import DeadLetters
 from runtime.kafka.member import GroupMember
@@ -99,7 +100,11 @@ class Extractor:
         return self.stats
 
     def stop(self) -> None:
-        """Stop fetching; in-flight prompts finish, then the service commits and leaves."""
+        """Stop fetching; in-flight prompts finish, then the service commits and leaves.
+        While the model still loads there is nothing to drain: the load is
+        interrupted at once (exit 130) instead of finishing first."""
+        if not self._engine_ready:
+            _abandon_engine_start()
         log.info("stopping: draining %d in-flight prompts", len(self._tasks))
         self.member.stop()
 
@@ -201,3 +206,21 @@ def _preparer(options: EngineOptions) -> PromptPreparer:
 
     vocab_size = text_config(options.model).vocab_size
     return PromptPreparer(AutoTokenizer.from_pretrained(options.model), vocab_size, options.max_model_len)
+
+
+def _abandon_engine_start() -> None:
+    """A stop while vLLM starts its engine: nothing was consumed, so there is
+    nothing to drain or commit. vLLM's start-up swallows KeyboardInterrupt and
+    would finish loading first (minutes for a large model), so its processes are
+    killed here (they hold nothing of ours) and the service exits at once with
+    the interrupted code."""
+    import psutil
+
+    log.warning("stopping while the model loads: nothing consumed, nothing to drain")
+    children = psutil.Process().children(recursive=True)
+    for child in children:  # all at once, so none lives to report the others' deaths
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    psutil.wait_procs(children, timeout=5)
+    logging.shutdown()
+    os._exit(ExitCode.INTERRUPTED)

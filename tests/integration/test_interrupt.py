@@ -160,3 +160,17 @@ def test_ctrl_c_stops_hsx_broker(tmp_path: Path) -> None:
     status, text = _interrupt(["broker"], log, lambda _tree: bool(listening.search(log.read_bytes())),
                               start_timeout=60)
     assert status == ExitCode.OK, text  # stopping is what Ctrl-C is for here
+
+
+@pytest.mark.engine
+def test_ctrl_c_while_hsx_extract_loads_its_model(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Nothing is consumed while the engine starts, so there is nothing to drain:
+    the load is abandoned at once (vLLM's own start-up would swallow the
+    interrupt and finish loading first)."""
+    model = models.prepare(names=["tiny-llama"])["tiny-llama"]
+    argv = ["extract", "--bootstrap", kafka_bootstrap, "--topic", f"int-{uuid.uuid4().hex[:8]}", "--model", str(model),
+            *ENGINE]
+    status, log = _interrupt(argv, tmp_path / "extract.log", _engine_started)
+    assert status == ExitCode.INTERRUPTED, log
+    assert "stopping while the model loads" in log and "Traceback" not in log
+    assert "assigned" not in log  # it never joined the group
