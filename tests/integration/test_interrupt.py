@@ -67,6 +67,13 @@ def _engine_started(tree: list[psutil.Process]) -> bool:
     return any(_name(p).startswith("VLLM") for p in tree)
 
 
+def _services_started(output: Path) -> Callable[[list[psutil.Process]], bool]:
+    """True once ``hsx run`` (or the demo) has started its services: their logs
+    appear in ``OUTPUT/logs`` before their engines load, so the interrupt lands
+    while there is work in flight however fast the model is."""
+    return lambda _tree: (output / "logs" / "extractor.log").exists()
+
+
 def _interrupt(argv: list[str], log: Path, in_the_middle: Callable[[list[psutil.Process]], bool],
                start_timeout: float = 300) -> tuple[int, str]:
     """Start ``hsx ARGV``, wait until ``in_the_middle(its process tree)`` holds,
@@ -127,7 +134,7 @@ def test_ctrl_c_stops_hsx_run_and_a_rerun_completes(tmp_path: Path) -> None:
     argv = ["run", str(tmp_path / "prompts.jsonl"), "--model", str(model), "--output", str(output), "--no-progress",
             *ENGINE]
 
-    status, log = _interrupt(argv, tmp_path / "interrupted.log", _engine_started)
+    status, log = _interrupt(argv, tmp_path / "interrupted.log", _services_started(output))
     assert status == ExitCode.INTERRUPTED == 130, log
     assert "hsx run: interrupted; run the same command again to resume" in log
     assert "Traceback" not in log
@@ -142,7 +149,7 @@ def test_ctrl_c_stops_hsx_run_and_a_rerun_completes(tmp_path: Path) -> None:
 def test_ctrl_c_stops_hsx_demo_and_a_rerun_completes(tmp_path: Path) -> None:
     models.prepare(names=["smollm2-135m-instruct"])
     argv = ["demo", "--output", str(tmp_path / "demo"), "--no-progress"]
-    status, log = _interrupt(argv, tmp_path / "demo.log", _engine_started)
+    status, log = _interrupt(argv, tmp_path / "demo.log", _services_started(tmp_path / "demo"))
     assert status == ExitCode.INTERRUPTED, log
     assert "hsx demo: interrupted (Ctrl-C)" in log
     assert "Traceback" not in log
