@@ -44,6 +44,14 @@ def _env(mark: str) -> dict[str, str]:
     return env
 
 
+def _as_in_a_terminal() -> None:
+    """A command typed in a terminal gets SIGINT's default action. A test run
+    started in the background of a non-interactive shell (``make test &``, CI)
+    inherits it ignored, and so would the command, which could then not be
+    interrupted at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _marked(mark: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter():
@@ -92,7 +100,7 @@ def _interrupt(argv: list[str], log: Path, in_the_middle: Callable[[list[psutil.
 
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "hsx.cli", *argv], stdout=out, stderr=subprocess.STDOUT,
-                                env=_env(mark))
+                                env=_env(mark), preexec_fn=_as_in_a_terminal)
     try:
         deadline = time.monotonic() + start_timeout
         while not in_the_middle(tree()):
