@@ -19,9 +19,11 @@ from runtime.settings import KafkaSettings, TopicSettings
 log = logging.getLogger(__name__)
 
 
-ONE_SHOT_CONNECT_TIMEOUT = 30.0
+ONE_SHOT_CONNECT_TIMEOUT = 60.0
 """``--connect-timeout`` of one-shot commands (``hsx produce``, ``hsx run`` with a
-cluster): a user at a terminal wants an answer; services wait for ever."""
+cluster): a user at a terminal wants an answer, but a short broker outage (a
+rolling restart, 30 s in the reliability suite) must be ridden out, as the Java
+clients' ``max.block.ms`` does; services wait for ever."""
 TOPICS_APPEAR_SECONDS = 60.0
 """Once the cluster answers, how long created topics may take to show up."""
 ATTEMPT_SECONDS = 2.0
