@@ -4,6 +4,7 @@ other's records."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -24,6 +25,17 @@ def kafka_bootstrap() -> Iterator[str]:
 @pytest.fixture
 def kafka(kafka_bootstrap: str) -> KafkaSettings:
     return KafkaSettings(bootstrap=kafka_bootstrap)
+
+
+@pytest.fixture
+def restore_root_logging() -> Iterator[None]:
+    """Tests that call ``hsx.cli.main`` in-process: it configures the root logger
+    for the process, which is undone after the test."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture

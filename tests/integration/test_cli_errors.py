@@ -9,7 +9,6 @@ invocations of issue 17 also run as ``python -m hsx.cli`` from a plain shell."""
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import socket
@@ -155,17 +154,12 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
 
 
 @pytest.fixture(autouse=True)
-def _plain_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _plain_environment(monkeypatch: pytest.MonkeyPatch, restore_root_logging: None) -> None:
     """No ``HSX_*`` or ``VLLM_*`` settings but the model cache; and ``main``'s
     logging configuration undone after each row."""
     for name in list(os.environ):
         if name.startswith(("HSX_", "VLLM_")) and name != models.CACHE_DIR_ENV:
             monkeypatch.delenv(name)
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def _fill(words: list[str], places: dict[str, str]) -> list[str]:

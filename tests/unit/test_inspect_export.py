@@ -3,8 +3,6 @@ generated, and on last-token samples."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -17,14 +15,7 @@ from sink.storage import LocalStorage
 from tests.unit.test_assembler import feed, records
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """``main`` configures the root logger for the process: undo it for later tests."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_root_logging")  # main() configures the root logger
 
 
 def _generated(request_id: str) -> Sample:
