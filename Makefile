@@ -20,8 +20,15 @@ MODELS_STAMP := $(HSX_CACHE_DIR)/models/.prepared
 # Linters for tests/k8s in a venv of their own: checkov pins dependencies that clash with vLLM's.
 TOOLS_VENV ?= .venv-tools
 TOOLS_STAMP := $(TOOLS_VENV)/.installed
+# speculators (the EAGLE-3 trainer whose batches tests/integration/test_speculators.py
+# compares with hsx's) in a venv of its own: it pins datasets<=5.1 and torchvision,
+# which clash with vLLM's environment. torch is pinned to the one the CPU build uses
+# (no CUDA wheels to fetch); torchvision/torchaudio do not load beside it and are
+# removed, as in .venv (speculators' data and trainer code never import them).
+SPEC_VENV ?= .venv-speculators
+SPEC_STAMP := $(SPEC_VENV)/.installed
 
-.PHONY: install models test test-fast soak demo bench schemas tools clean
+.PHONY: install models test test-fast soak demo bench schemas tools speculators clean
 
 install: $(STAMP)
 
@@ -46,10 +53,10 @@ $(MODELS_STAMP): $(STAMP) $(wildcard hsx/models/*.py hsx/models/*.jsonl)
 	$(BIN)/hsx models prepare
 	@touch $@
 
-test: $(MODELS_STAMP) $(TOOLS_STAMP)
+test: $(MODELS_STAMP) $(TOOLS_STAMP) $(SPEC_STAMP)
 	$(BIN)/python -m pytest
 
-test-fast: $(STAMP) $(TOOLS_STAMP)
+test-fast: $(STAMP) $(TOOLS_STAMP) $(SPEC_STAMP)
 	$(BIN)/python -m pytest -m "not engine"
 
 # The fault tests of tests/reliability at soak scale (make test runs them with 240
@@ -67,6 +74,15 @@ $(TOOLS_STAMP): Makefile tests/k8s/install_kubectl.py
 	command -v kubectl >/dev/null || $(TOOLS_VENV)/bin/python tests/k8s/install_kubectl.py $(TOOLS_VENV)/bin
 	touch $@
 
+speculators: $(SPEC_STAMP)
+
+$(SPEC_STAMP): Makefile
+	@test -x $(SPEC_VENV)/bin/python || $(PYTHON) -m venv $(SPEC_VENV)
+	$(SPEC_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SPEC_VENV)/bin/python -m pip install --quiet "torch==2.13.0" speculators==0.9.0
+	$(SPEC_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
 demo: $(MODELS_STAMP)
 	$(BIN)/hsx demo
 
@@ -79,4 +95,4 @@ schemas: $(STAMP)
 	$(BIN)/python -m schemas.generate
 
 clean:
-	rm -rf $(VENV) $(TOOLS_VENV) .cache .pytest_cache
+	rm -rf $(VENV) $(TOOLS_VENV) $(SPEC_VENV) .cache .pytest_cache

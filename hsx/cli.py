@@ -24,7 +24,7 @@ SERVICE_COMMANDS = [
     ("extract", "consume prompts and extract hidden states with vLLM", "extractor.cli"),
     ("sink", "write hidden-state blocks to a sharded safetensors dataset", "sink.cli"),
     ("inspect", "summarize a dataset or one of its shards", "sink.inspect"),
-    ("export", "write a dataset in another trainer's layout (speculators)", "sink.export"),
+    ("export", "write a dataset in another trainer's layout (speculators)", "trainer.export"),
     ("run", "the whole pipeline on one machine: your prompts in, a dataset out", "hsx.run"),
     ("demo", "run the whole pipeline on a small bundled prompt mix", "hsx.demo"),
 ]

@@ -8,7 +8,8 @@
     for sample in follow("kafka:9092", "out/"): ...   # online, as ready events arrive
 
 Shards are memory-mapped (safetensors ``safe_open``); a sample costs only the
-pages it touches.
+pages it touches. PyTorch loaders, batches for speculators and the online
+loader over ``hidden_states.ready`` are in ``trainer/``, built on this module.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import os
 import time
 import uuid
 
@@ -29,7 +31,45 @@ from runtime.settings import KafkaSettings
 from schemas import HiddenStatesReady
 from schemas.topics import READY
 from sink.shards import read_indexes
-from sink.storage import LocalStorage
+from sink.storage import LocalStorage, Storage
+
+
+class ShardHandles:
+    """Open shards (``safe_open``, memory-mapped), the last ``max_open`` kept.
+    Handles are never shared across processes: a pickled copy (a spawned
+    DataLoader worker's) starts with none open, and so does a forked one at its
+    first read, so each worker maps the files itself."""
+
+    def __init__(self, storage: Storage, max_open: int = 16) -> None:
+        self.storage = storage
+        self._max_open = max_open
+        self._open: OrderedDict[str, Any] = OrderedDict()
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_open": OrderedDict()}
+
+    def get(self, relative: str) -> Any:
+        """The open shard at ``relative`` (a ready event's ``shard``); raises
+        :class:`MissingShard` when the file is not there."""
+        if self._pid != os.getpid():  # forked: the parent's handles stay the parent's
+            self._open, self._pid = OrderedDict(), os.getpid()
+        if relative in self._open:
+            self._open.move_to_end(relative)
+            return self._open[relative]
+        path = self.storage.local_path(relative)
+        if not path.is_file():
+            raise MissingShard(f"shard {relative} is not in the dataset at {path.parent.parent} "
+                               "(is that the sink's --output, and complete?)")
+        handle = safe_open(str(path), framework="pt")
+        self._open[relative] = handle
+        if len(self._open) > self._max_open:
+            self._open.popitem(last=False)
+        return handle
+
+
+class MissingShard(FileNotFoundError):
+    """A ready event names a shard the dataset does not hold."""
 
 
 class Dataset:
@@ -43,8 +83,7 @@ class Dataset:
                 # The sink writes each request id once; keep the first if a
                 # hand-made directory ever disagrees.
                 self._events.setdefault(event.request_id, event)
-        self._open: OrderedDict[str, Any] = OrderedDict()
-        self._max_open = max_open_shards
+        self.shards = ShardHandles(self._storage, max_open_shards)
 
     def __len__(self) -> int:
         return len(self._events)
@@ -65,17 +104,7 @@ class Dataset:
 
     def __getitem__(self, request_id: str) -> dict[str, Any]:
         event = self._events[request_id]
-        return _sample(self._shard(event.shard), event)
-
-    def _shard(self, relative: str) -> Any:
-        if relative in self._open:
-            self._open.move_to_end(relative)
-            return self._open[relative]
-        handle = safe_open(str(self._storage.local_path(relative)), framework="pt")
-        self._open[relative] = handle
-        if len(self._open) > self._max_open:
-            self._open.popitem(last=False)
-        return handle
+        return _sample(self.shards.get(event.shard), event)
 
 
 def _sample(shard: Any, event: HiddenStatesReady) -> dict[str, Any]:
@@ -115,7 +144,7 @@ def follow(
         assigned, last = True, time.monotonic()
 
     consumer.subscribe([topic], on_assign=on_assign)
-    storage = LocalStorage(Path(dataset))
+    shards = ShardHandles(LocalStorage(Path(dataset)))  # created if the sink has not yet
     seen: set[str] = set()
     last = time.monotonic()
     try:
@@ -129,15 +158,25 @@ def follow(
             if event.event_id in seen:
                 continue
             seen.add(event.event_id)
-            with safe_open(str(storage.local_path(event.shard)), framework="pt") as shard:
-                yield _sample(shard, event)
+            yield _sample(shards.get(event.shard), event)
     finally:
         consumer.close()
 
 
-def open_dataset(path: str | Path) -> Dataset:
-    """Open the dataset at ``path`` (the sink's ``--output`` directory)."""
+def dataset_root(path: str | Path) -> Path:
+    """The local directory of the dataset at ``path``. Only local (or mounted)
+    directories are readable now; an object-store URL is refused in one line, and
+    is where a remote ``Storage`` will plug in."""
+    text = str(path)
+    if "://" in text:
+        scheme = text.split("://", 1)[0]
+        raise ValueError(f"dataset {text}: {scheme}:// datasets are not supported yet (use a local or mounted path)")
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"no dataset at {root}")
-    return Dataset(root)
+    return root
+
+
+def open_dataset(path: str | Path) -> Dataset:
+    """Open the dataset at ``path`` (the sink's ``--output`` directory)."""
+    return Dataset(dataset_root(path))

@@ -66,5 +66,5 @@ def test_export_refuses_last_token_samples(tmp_path: Path, capfd: pytest.Capture
     assert isinstance(sample, Sample)
     root = _dataset(tmp_path, sample)
     assert main(["export", str(tmp_path / "out"), "--dataset", str(root)]) == 2
-    assert "hold the last token's hidden states only" in capfd.readouterr().err
+    assert "holds the last token's hidden states only" in capfd.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -1,0 +1,167 @@
+"""The worker side of :class:`trainer.online.ReadyStream`: one Kafka consumer per
+DataLoader worker, assigned its own share of the partitions, resolving each
+ready event to its sample through a bounded shuffle buffer."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from pydantic import ValidationError
+
+from runtime.kafka import consumer_config
+from runtime.settings import KafkaSettings
+from schemas import HiddenStatesReady, format_validation_error
+from schemas.training import LossMaskPolicy
+from sink.reader import ShardHandles
+from trainer.offsets import Position, Progress
+from trainer.samples import LayerLayout, TrainingSample, check_trainable, choose_layers, loss_mask, read_sample
+
+METADATA_TIMEOUT_S = 30.0
+
+
+@dataclass
+class ConsumeOptions:
+    """What every worker of one stream shares (pickled into each worker)."""
+
+    kafka: KafkaSettings
+    topic: str
+    group_id: str
+    layers: list[int] | None
+    policy: LossMaskPolicy
+    shuffle_buffer: int
+    seed: int
+    idle_timeout: float | None
+    dedupe_window: int
+    poll_timeout: float = 0.5
+
+
+@dataclass
+class _Pending:
+    """A sample in the shuffle buffer: its event and mask, not its hidden states,
+    so the buffer's memory is a few hundred bytes per sample."""
+
+    event: HiddenStatesReady
+    position: Position
+    mask: torch.Tensor
+
+
+def my_partitions(partitions: list[int], slot: int, slots: int) -> list[int]:
+    """Partition ``p`` goes to consumer slot ``p % slots``: every partition to
+    exactly one (rank, worker), without a group rebalance."""
+    return [p for p in sorted(partitions) if p % slots == slot]
+
+
+def _starts(consumer: Consumer, opts: ConsumeOptions, mine: list[int],
+            progress: Progress) -> dict[int, tuple[int, set[int]]]:
+    """Each partition's first offset and the offsets to skip: the trainer's
+    progress (a loaded checkpoint, or earlier epochs) where it has one, else the
+    group's commit, else the start of the log."""
+    starts: dict[int, tuple[int, set[int]]] = {}
+    unknown = []
+    for p in mine:
+        known = progress.start(p)
+        if known is None:
+            unknown.append(TopicPartition(opts.topic, p))
+        else:
+            starts[p] = known
+    for tp in consumer.committed(unknown, timeout=METADATA_TIMEOUT_S) if unknown else []:
+        if tp.offset < 0:  # nothing committed yet: a new job reads from the start
+            low, _high = consumer.get_watermark_offsets(TopicPartition(opts.topic, tp.partition),
+                                                        timeout=METADATA_TIMEOUT_S)
+            starts[tp.partition] = (low, set())
+        else:
+            starts[tp.partition] = (tp.offset, set())
+    return starts
+
+
+def _event(message: Message) -> HiddenStatesReady:
+    try:
+        return HiddenStatesReady.model_validate_json(message.value() or b"")
+    except ValidationError as exc:
+        raise ValueError(f"{message.topic()}[{message.partition()}]@{message.offset()}: not a ready event: "
+                         f"{format_validation_error(exc)}") from None
+
+
+def consume(opts: ConsumeOptions, shards: ShardHandles, progress: Progress, slot: int,
+            slots: int) -> Iterator[TrainingSample]:
+    """Yield this slot's samples until ``idle_timeout`` passes without a record
+    (forever when None); then the buffer is emptied, in random order."""
+    consumer = Consumer(consumer_config(opts.kafka, opts.group_id))
+    try:
+        try:
+            topic = consumer.list_topics(opts.topic, timeout=METADATA_TIMEOUT_S).topics.get(opts.topic)
+        except KafkaException as exc:
+            raise ConnectionError(f"Kafka at {opts.kafka.bootstrap}: {exc.args[0]}") from None
+        if topic is None or topic.error is not None or not topic.partitions:
+            raise ValueError(f"topic {opts.topic}: not found at {opts.kafka.bootstrap}")
+        mine = my_partitions(list(topic.partitions), slot, slots)
+        if not mine:
+            return
+        starts = _starts(consumer, opts, mine, progress)
+        consumer.assign([TopicPartition(opts.topic, p, starts[p][0]) for p in mine])
+        yield from _loop(consumer, opts, shards, starts, random.Random(opts.seed * 1_000_003 + slot))
+    finally:
+        consumer.close()
+
+
+def _loop(consumer: Consumer, opts: ConsumeOptions, shards: ShardHandles, starts: dict[int, tuple[int, set[int]]],
+          rng: random.Random) -> Iterator[TrainingSample]:
+    origin = {p: start for p, (start, _) in starts.items()}
+    first = dict(origin)  # the first offset the next sample of each partition accounts for
+    skip = {p: consumed for p, (_, consumed) in starts.items()}
+    seen: OrderedDict[str, None] = OrderedDict()
+    buffer: list[_Pending] = []
+    layout: LayerLayout | None = None
+    last_record = time.monotonic()
+    while True:
+        message = consumer.poll(opts.poll_timeout)
+        if message is None:
+            if opts.idle_timeout is not None and time.monotonic() - last_record >= opts.idle_timeout:
+                break
+            continue
+        if message.error() is not None:
+            if message.error().fatal():
+                raise ConnectionError(f"Kafka: {message.error().str()}")
+            continue  # librdkafka retries transient errors itself
+        last_record = time.monotonic()
+        p, offset = message.partition(), message.offset()
+        if offset in skip[p]:  # consumed before the restart
+            skip[p].discard(offset)
+            continue
+        event = _event(message)
+        if event.event_id in seen:  # the sink re-announced a sample (a replay): train on it once
+            continue
+        seen[event.event_id] = None
+        if len(seen) > opts.dedupe_window:
+            seen.popitem(last=False)
+        check_trainable(event)
+        layout = layout or choose_layers(event.layer_ids, opts.layers)
+        mask = loss_mask(shards.get(event.shard), event, opts.policy)  # a missing shard fails here, at once
+        if not bool(mask.any()):
+            continue  # no supervised token: dropped as the export drops it
+        pending = _Pending(event, Position(p, origin[p], first[p], offset), mask)
+        first[p] = offset + 1
+        if opts.shuffle_buffer <= 1:
+            yield _resolve(shards, pending, layout, opts.policy)
+            continue
+        buffer.append(pending)
+        if len(buffer) >= opts.shuffle_buffer:
+            i = rng.randrange(len(buffer))
+            buffer[i], buffer[-1] = buffer[-1], buffer[i]
+            yield _resolve(shards, buffer.pop(), layout, opts.policy)
+    rng.shuffle(buffer)
+    for pending in buffer:
+        assert layout is not None  # set by the first sample buffered
+        yield _resolve(shards, pending, layout, opts.policy)
+
+
+def _resolve(shards: ShardHandles, pending: _Pending, layout: LayerLayout, policy: LossMaskPolicy) -> TrainingSample:
+    sample = read_sample(shards.get(pending.event.shard), pending.event, layout, policy, mask=pending.mask)
+    sample.position = pending.position
+    return sample
