@@ -1,5 +1,6 @@
 """The metadata in each shard's safetensors header, so a shard file describes
-itself without its index (``schemas.ShardIndex``, written beside it)."""
+itself without its index (``schemas.ShardIndex``, written beside it), and the
+dataset's record of the blocks topic it was written from (:class:`TopicRecord`)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,14 @@ class ShardMetadata(StrictModel):
         # Validated from JSON so that strict mode still accepts dtype as its string.
         return cls.model_validate_json(orjson.dumps(decoded))
 
+
+
+class TopicRecord(StrictModel):
+    """``topics/<topic>.json`` in a dataset: the partition count of the blocks
+    topic its shards were written from. Dedupe is per partition (a request's
+    records share its key, hence its partition), which holds only while the
+    count stays the same; the sink refuses a topic whose count differs."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    topic: str
+    partitions: PositiveInt

@@ -5,16 +5,40 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from schemas import HiddenStatesReady
+from runtime.errors import HsxError
+from schemas import HiddenStatesReady, ShardIndex
+from schemas.keys import token_key
 from sink.assembler import Assembler
-from sink.shards import OpenShard, partition_prefix, read_indexes, remove_orphans, stored_token_ids
+from sink.keys import KeyIndex, load_keys
+from sink.shards import (
+    INDEX, OpenShard, partition_prefix, partition_stems, prefixed_stem, remove_orphans, shard_keys,
+)
 from sink.storage import Storage
 
 log = logging.getLogger(__name__)
 
 _FIRST_BACKOFF, _MAX_BACKOFF = 0.5, 30.0
+_CACHED_INDEXES = 2
+"""Parsed shard indexes kept for duplicates: a replay meets its duplicates shard
+after shard, so each index is parsed once, and at most two are held."""
+
+
+class DatasetDamaged(HsxError):
+    """A key file names a shard whose index cannot be read: the dataset was
+    changed by hand. Raised rather than guessed around: the sample may be stored."""
+
+
+@dataclass(frozen=True)
+class StoredCopy:
+    """The copy of a request the dataset (or the open shard) already holds."""
+
+    event: HiddenStatesReady | None
+    """Its ready event; None while it waits in the open shard (its event comes with the shard)."""
+    same_tokens: bool
+    """Whether it holds the same token ids: a duplicate, else a conflict."""
 
 
 @dataclass
@@ -23,24 +47,28 @@ class PartitionState:
     partition: int
     assembler: Assembler
     shard: OpenShard
-    seen: dict[str, HiddenStatesReady]
-    """Samples already in the dataset (from its index): later copies are duplicates."""
+    keys: KeyIndex
+    """Samples already in the dataset, as compact keys: later copies are duplicates."""
     republish: list[tuple[HiddenStatesReady, list[int]]] = field(default_factory=list)
     """Ready events of duplicates, published again (consumers de-duplicate by event
     id): a crash between writing a shard and publishing its events must not leave
     trainers without them."""
     retry_at: float = 0.0
     backoff: float = _FIRST_BACKOFF
+    _indexes: OrderedDict[int, dict[str, HiddenStatesReady]] = field(default_factory=OrderedDict)
 
     @classmethod
     def load(cls, storage: Storage, topic: str, partition: int, incomplete_timeout: float) -> PartitionState:
-        """The partition as the dataset left it: shards a crash left without an
-        index are removed (their records are replayed), indexed samples are seen."""
+        """The partition as the dataset left it: a shard a crash left without an
+        index is removed (its records are replayed), indexed samples are known.
+        Costs a listing of the partition's index and key files and a read per key
+        file (see :mod:`sink.keys`), nothing per sample."""
         prefix = partition_prefix(topic, partition)
-        for orphan in remove_orphans(storage, prefix):
+        indexed = partition_stems(storage, INDEX, prefix, ".json")
+        for orphan in remove_orphans(storage, prefix, indexed[-1] if indexed else None):
             log.warning("removed %s: written before a crash, never indexed (its records will be replayed)", orphan)
-        seen = {e.request_id: e for index in read_indexes(storage, prefix) for e in index.events}
-        return cls(topic, partition, Assembler(incomplete_timeout), OpenShard(topic, partition), seen)
+        return cls(topic, partition, Assembler(incomplete_timeout), OpenShard(topic, partition),
+                   load_keys(storage, prefix, indexed))
 
     @property
     def key(self) -> tuple[str, int]:
@@ -50,12 +78,38 @@ class PartitionState:
     def buffered_bytes(self) -> int:
         return self.assembler.pending_bytes + self.shard.nbytes
 
-    def stored_token_ids(self, storage: Storage, request_id: str) -> list[int] | None:
-        """The token ids of the copy of ``request_id`` the dataset already holds (in
-        a shard, or in the open one), or None for a new request."""
-        if request_id in self.seen:
-            return stored_token_ids(storage, self.seen[request_id])
-        return next((s.manifest.token_ids for s in self.shard.samples if s.manifest.request_id == request_id), None)
+    def stored_copy(self, storage: Storage, request_id: str, token_ids: list[int]) -> StoredCopy | None:
+        """The copy of ``request_id`` the partition already holds (in a shard, or
+        in the open one), or None for a new request. Reads the shard's index only
+        when the keys match."""
+        open_copy = self.shard.by_id.get(request_id)
+        if open_copy is not None:
+            return StoredCopy(None, open_copy.manifest.token_ids == token_ids)
+        candidates = self.keys.candidates(request_id)
+        if not candidates:
+            return None
+        tokens = token_key(token_ids)
+        for stored_tokens, first_offset in candidates:
+            event = self._events(storage, first_offset).get(request_id)
+            if event is not None:  # else another id with the same 64-bit key
+                return StoredCopy(event, stored_tokens == tokens)
+        return None
+
+    def _events(self, storage: Storage, first_offset: int) -> dict[str, HiddenStatesReady]:
+        if first_offset in self._indexes:
+            self._indexes.move_to_end(first_offset)
+            return self._indexes[first_offset]
+        path = f"{INDEX}/{prefixed_stem(partition_prefix(self.topic, self.partition), first_offset)}.json"
+        try:
+            index = ShardIndex.model_validate_json(storage.read(path))
+        except FileNotFoundError as exc:
+            raise DatasetDamaged(f"the dedupe keys name {path}, which is missing: restore it, or delete the "
+                                 f"partition's keys/ files so they are rebuilt from the indexes") from exc
+        events = {e.request_id: e for e in index.events}
+        self._indexes[first_offset] = events
+        if len(self._indexes) > _CACHED_INDEXES:
+            self._indexes.popitem(last=False)
+        return events
 
     # -- writing the open shard, with backoff after storage errors ---------------------------
 
@@ -70,8 +124,8 @@ class PartitionState:
         self.backoff = min(self.backoff * 2, _MAX_BACKOFF)
         return waited
 
-    def written(self, events: list[HiddenStatesReady]) -> None:
-        """The open shard is durable and indexed: its samples are seen, a new shard opens."""
+    def written(self) -> None:
+        """The open shard is durable and indexed: its samples are known, a new shard opens."""
         self.backoff = _FIRST_BACKOFF
-        self.seen.update((e.request_id, e) for e in events)
+        self.keys.add(shard_keys(self.shard))
         self.shard = OpenShard(self.topic, self.partition)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import Message
+from confluent_kafka import Message, Producer
 
 from runtime.errors import Rejection
 from runtime.kafka import ensure_topics, make_producer
@@ -28,6 +28,7 @@ from sink.assembler import Record, Rejected, Sample
 from sink.memory import release_large_buffers_to_the_os
 from sink.options import SinkOptions
 from sink.partition import PartitionState
+from sink.partition_count import check_partition_count, refusal
 from sink.ready import ReadyPublisher
 from sink.shards import OpenShard, write_shard
 from sink.stats import SinkStats
@@ -59,6 +60,7 @@ class Sink:
             commit_interval=options.commit_interval, exit_when_idle=options.exit_when_idle,
         )
         self._partitions: dict[TopicPartitionKey, PartitionState] = {}
+        self._recorded_partitions = 0
 
     def run(self) -> SinkStats:
         """Run until stopped (SIGTERM/SIGINT, idle timeout); flush, commit, leave.
@@ -68,6 +70,7 @@ class Sink:
         ensure_topics(self.kafka, self.topic_settings, [self.topics.blocks, self.topics.blocks_dlq, self.topics.ready])
         self.member.serve_health(self.options.health_port, lambda: None, lambda: f"{len(self._partitions)} partitions")
         producer = make_producer(self.kafka)
+        self._check_partition_count(producer)
         self._dead_letters = DeadLetters(producer, "sink", on_lost=self.member.fail)
         self._ready = ReadyPublisher(self.kafka, producer, self.topics.ready, self.member.marks,
                                      self.options.group_id if self.options.exactly_once else None)
@@ -100,7 +103,20 @@ class Sink:
 
     # -- partitions come and go (PartitionHandler) ---------------------------------------------
 
+    def _check_partition_count(self, producer: Producer) -> None:
+        """Refuse (before joining the group) a blocks topic whose partition count
+        is not the dataset's; record it in a new dataset (see
+        :mod:`sink.partition_count`)."""
+        topic = self.topics.blocks
+        partitions = len(producer.list_topics(topic, timeout=30).topics[topic].partitions)
+        self._recorded_partitions = check_partition_count(self.storage, topic, partitions, str(self.options.output))
+
     def assigned(self, partitions: list[TopicPartitionKey]) -> None:
+        grown = [p for _, p in partitions if p >= self._recorded_partitions]
+        if grown:  # partitions added while we run: stop (a restart refuses before joining)
+            self.member.fail(refusal(str(self.options.output), self.topics.blocks, self._recorded_partitions,
+                                     f"at least {max(grown) + 1}"))
+            return
         for topic, partition in partitions:
             self._partitions[(topic, partition)] = PartitionState.load(
                 self.storage, topic, partition, self.options.incomplete_timeout)
@@ -120,7 +136,9 @@ class Sink:
     # -- per record ----------------------------------------------------------------------------
 
     def _accept(self, message: Message) -> None:
-        state = self._partitions[(message.topic(), message.partition())]
+        state = self._partitions.get((message.topic(), message.partition()))
+        if state is None:  # refused (see assigned): never processed, so never committed
+            return
         result = state.assembler.add(Record(message.offset(), message.key(), message.value() or b"", message.headers()))
         if isinstance(result, Rejected):
             self._reject(state, result)
@@ -131,11 +149,11 @@ class Sink:
         request_id = sample.manifest.request_id
         for stale in state.assembler.supersede(request_id):
             self._reject(state, stale)
-        first_tokens = state.stored_token_ids(self.storage, request_id)
-        if first_tokens is None:
+        stored = state.stored_copy(self.storage, request_id, sample.manifest.token_ids)
+        if stored is None:
             self._append(state, sample)
-        elif first_tokens == sample.manifest.token_ids:
-            self._drop_duplicate(state, sample)
+        elif stored.same_tokens:
+            self._drop_duplicate(state, sample, stored.event)
         else:  # the same id for another prompt: keeping either silently would be wrong
             self._reject(state, Rejected(
                 ErrorClass.CONFLICTING_DUPLICATE,
@@ -151,13 +169,13 @@ class Sink:
         if full and state.may_write():
             self._close_shard(state)
 
-    def _drop_duplicate(self, state: PartitionState, sample: Sample) -> None:
+    def _drop_duplicate(self, state: PartitionState, sample: Sample, event: HiddenStatesReady | None) -> None:
         request_id = sample.manifest.request_id
         self.stats.add("duplicates")
         log.info("duplicate of %s dropped (attempt %s)", request_id, sample.manifest.attempt_id,
                  extra=record_fields(request_id, state.topic, state.partition, sample.manifest_offset))
-        if request_id in state.seen:
-            state.republish.append((state.seen[request_id], sample.offsets))
+        if event is not None:
+            state.republish.append((event, sample.offsets))
         else:  # its first copy is in the open shard; its event comes with the shard
             self._done(state, sample.offsets)
 
@@ -189,7 +207,7 @@ class Sink:
             return
         self._publish(state, events, [o for sample in shard.samples for o in sample.offsets])
         self.stats.shard_written(shard.samples)
-        state.written(events)
+        state.written()
         log.info("wrote %s (%d samples)", shard.stem, len(events))
 
     def _publish(self, state: PartitionState, events: list[HiddenStatesReady], offsets: list[int]) -> None:

@@ -3,10 +3,16 @@
 Layout of a dataset directory::
 
     shards/<topic>-<partition>-<first offset>.safetensors   # tensors <request_id>/hidden_states, /token_ids, /loss_mask
+    keys/<same name>.keys                                    # schemas.keys: the samples' dedupe keys
     index/<same name>.json                                   # schemas.ShardIndex: the ready event of every sample
 
+Written in that order, each durably: the index is what makes a shard part of the
+dataset, so a crash leaves at most a shard and its keys without an index, past
+the partition's last indexed shard (see :func:`remove_orphans`).
+
 Names derive from (topic, partition, offset of the first sample's manifest), so a
-replay after a crash rewrites the same file instead of adding one.
+replay after a crash rewrites the same file instead of adding one, and a
+partition's names sort in the order its shards were written.
 """
 
 from __future__ import annotations
@@ -22,24 +28,40 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+import numpy as np
+
 from runtime.tensors import TORCH_DTYPES
 from schemas import HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
 from schemas.codec import checksum
+from schemas.keys import KEY_RECORD, encode_keys, request_key, token_key
 from schemas.shard import ShardMetadata
 from sink.assembler import Sample
 from sink.storage import Storage
 
 SHARDS = "shards"
 INDEX = "index"
+KEYS = "keys"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_OFFSET_DIGITS = 20
 
 
 def shard_stem(topic: str, partition: int, first_offset: int) -> str:
-    return f"{_UNSAFE.sub('_', topic)}-{partition:04d}-{first_offset:020d}"
+    return prefixed_stem(partition_prefix(topic, partition), first_offset)
+
+
+def prefixed_stem(prefix: str, first_offset: int) -> str:
+    """The name of the shard of the partition ``prefix`` that starts at ``first_offset``."""
+    return f"{prefix}{first_offset:0{_OFFSET_DIGITS}d}"
 
 
 def partition_prefix(topic: str, partition: int) -> str:
-    return f"{_UNSAFE.sub('_', topic)}-{partition:04d}-"
+    return f"{safe_name(topic)}-{partition:04d}-"
+
+
+def safe_name(topic: str) -> str:
+    """``topic`` as a file name (Kafka allows only ``.``, ``_``, ``-`` besides
+    alphanumerics; anything else, e.g. from a hand-made directory, becomes ``_``)."""
+    return _UNSAFE.sub("_", topic)
 
 
 @dataclass
@@ -49,6 +71,8 @@ class OpenShard:
     topic: str
     partition: int
     samples: list[Sample] = field(default_factory=list)
+    by_id: dict[str, Sample] = field(default_factory=dict)
+    """The same samples by request id: each new sample is looked up here."""
     nbytes: int = 0
     opened_at: float = field(default_factory=time.monotonic)
     last_added_at: float = field(default_factory=time.monotonic)
@@ -67,6 +91,7 @@ class OpenShard:
         if not self.samples:
             self.opened_at = self.last_added_at
         self.samples.append(sample)
+        self.by_id[sample.manifest.request_id] = sample
         self.nbytes += len(sample.hidden_states)
 
     @property
@@ -104,10 +129,18 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
         request_ids=[s.manifest.request_id for s in shard.samples],
     ).to_safetensors()
     storage.write_atomic_with(shard_path, lambda tmp: _save(tensors, metadata, tmp))
+    storage.write_atomic(f"{KEYS}/{stem}.keys", encode_keys(shard_keys(shard)))
     index = ShardIndex(shard=shard_path, topic=shard.topic, partition=shard.partition,
                        first_offset=shard.samples[0].manifest_offset, events=events)
     storage.write_atomic(f"{INDEX}/{stem}.json", index.model_dump_json().encode())
     return events
+
+
+def shard_keys(shard: OpenShard) -> np.ndarray:
+    """The dedupe keys of the shard's samples (see :mod:`schemas.keys`)."""
+    first = shard.samples[0].manifest_offset
+    return np.array([(request_key(s.manifest.request_id), token_key(s.manifest.token_ids), first)
+                     for s in shard.samples], dtype=KEY_RECORD)
 
 
 def _save(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: Path) -> None:
@@ -134,15 +167,34 @@ def read_indexes(storage: Storage, prefix: str = "") -> list[ShardIndex]:
     ]
 
 
-def remove_orphans(storage: Storage, prefix: str) -> list[str]:
-    """Delete shards without an index (a crash between the two writes); the records
-    they held were never committed, so they come back on replay."""
-    indexed = {p.rsplit("/", 1)[-1].removesuffix(".json") for p in storage.list(INDEX)}
-    orphans = [
-        path for path in storage.list(SHARDS)
-        if path.rsplit("/", 1)[-1].startswith(prefix)
-        and path.rsplit("/", 1)[-1].removesuffix(".safetensors") not in indexed
+def partition_stems(storage: Storage, folder: str, prefix: str, suffix: str, after: str = "") -> list[str]:
+    """The stems of one partition's files in ``folder`` (``prefix``: see
+    :func:`partition_prefix`), sorted, optionally only those after the stem
+    ``after``. Only exact shard names count: ``a-0001-`` must not take the
+    files of a topic named ``a-0001-x``."""
+    return [
+        stem for path in storage.list(folder, starting=prefix, after=f"{after}{suffix}" if after else "")
+        if path.endswith(suffix)
+        and len(stem := path.rsplit("/", 1)[-1].removesuffix(suffix)) == len(prefix) + _OFFSET_DIGITS
+        and stem[len(prefix):].isdigit()
     ]
+
+
+def stem_offset(stem: str) -> int:
+    """The first offset a shard's name carries."""
+    return int(stem[-_OFFSET_DIGITS:])
+
+
+def remove_orphans(storage: Storage, prefix: str, last_indexed: str | None) -> list[str]:
+    """Delete the partition's shards and key files that sort after its last
+    indexed shard (``last_indexed``, a stem, or None for a partition without
+    one): a crash after writing them and before their index. Only there can a
+    crash leave them (a partition's shards are written in name order, and each
+    assignment cleans up before writing), so only there is listed. Their records
+    were never committed, so they come back on replay."""
+    after = last_indexed or ""
+    orphans = [f"{folder}/{stem}{suffix}" for folder, suffix in ((SHARDS, ".safetensors"), (KEYS, ".keys"))
+               for stem in partition_stems(storage, folder, prefix, suffix, after)]
     for path in orphans:
         storage.delete(path)
     return orphans

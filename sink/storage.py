@@ -22,8 +22,13 @@ class Storage(Protocol):
 
     def read(self, relative: str) -> bytes: ...
 
-    def list(self, prefix: str) -> list[str]:
-        """Relative paths of the files directly under the folder ``prefix``, sorted."""
+    def list(self, prefix: str, starting: str = "", after: str = "") -> list[str]:
+        """Relative paths of the files directly under the folder ``prefix``, sorted;
+        only those whose name starts with ``starting`` and sorts after ``after``.
+
+        Both filters are what an object store's listing takes (``Prefix``,
+        ``StartAfter``, paginated): one partition's files, or only those past its
+        last indexed shard, cost requests for those alone, not for the dataset."""
 
     def delete(self, relative: str) -> None: ...
 
@@ -72,11 +77,14 @@ class LocalStorage:
     def read(self, relative: str) -> bytes:
         return self.local_path(relative).read_bytes()
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str, starting: str = "", after: str = "") -> list[str]:
         folder = self.local_path(prefix)
         if not folder.is_dir():
             return []
-        return sorted(f"{prefix}/{p.name}" for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+        with os.scandir(folder) as entries:  # scandir: no stat per entry, for folders of many shards
+            names = [e.name for e in entries
+                     if e.name.startswith(starting) and e.name > after and not e.name.startswith(".") and e.is_file()]
+        return [f"{prefix}/{name}" for name in sorted(names)]
 
     def delete(self, relative: str) -> None:
         self.local_path(relative).unlink(missing_ok=True)

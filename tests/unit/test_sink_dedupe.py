@@ -1,0 +1,178 @@
+"""The sink's dedupe index: what a partition already holds is known from compact
+keys, also far back, also in datasets written before key files existed; a shard
+a kill left without its index is removed; damaged key files are rebuilt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hsx.dev.datasets import tiny_sample, write_tiny_dataset
+from schemas.keys import KEY_RECORD, KEYS_MAGIC, decode_keys, encode_keys, request_key, token_key
+from sink.keys import ROLLUP_AFTER, KeyIndex, rollup_path
+from sink.partition import DatasetDamaged, PartitionState
+from sink.shards import INDEX, KEYS, SHARDS, OpenShard, partition_prefix, shard_stem, write_shard
+from sink.storage import LocalStorage
+
+TOPIC = "hidden_states.blocks"
+
+
+def load(storage: LocalStorage, partition: int = 0) -> PartitionState:
+    return PartitionState.load(storage, TOPIC, partition, incomplete_timeout=600)
+
+
+def files(root: Path, folder: str) -> list[str]:
+    return sorted(p.name for p in (root / folder).iterdir()) if (root / folder).is_dir() else []
+
+
+def test_a_retry_of_a_request_stored_100k_samples_earlier_is_recognised(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    ids = [f"req-{i}" for i in range(100_000)]
+    next_offset = write_tiny_dataset(storage, TOPIC, 0, ids, per_shard=10_000)
+    write_tiny_dataset(storage, TOPIC, 0, ["latest"], first_offset=next_offset)
+    state = load(storage)
+    assert len(state.keys) == 100_001
+    assert state.keys.nbytes <= 24 * len(state.keys)  # the whole dedupe state: 24 bytes a sample
+
+    retry = state.stored_copy(storage, "req-0", [0])
+    assert retry is not None and retry.same_tokens
+    assert retry.event is not None and retry.event.request_id == "req-0"
+    assert retry.event.shard == f"{SHARDS}/{shard_stem(TOPIC, 0, 0)}.safetensors"  # re-announced as stored
+    conflict = state.stored_copy(storage, "req-54321", [7])  # the same id for another prompt
+    assert conflict is not None and not conflict.same_tokens
+    assert state.stored_copy(storage, "req-100000", [0]) is None
+    assert state.stored_copy(storage, "latest", [0]) is not None
+
+
+def test_samples_written_after_the_load_are_known_too(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    state = load(storage)
+    state.shard.add(tiny_sample("open", 5))
+    open_copy = state.stored_copy(storage, "open", [0])
+    assert open_copy == type(open_copy)(None, True)  # in the open shard: its event comes with the shard
+    write_shard(storage, "tiny", state.shard)
+    state.written()
+    stored = state.stored_copy(storage, "open", [0])
+    assert stored is not None and stored.event is not None and stored.same_tokens
+    assert not state.stored_copy(storage, "open", [1]).same_tokens  # type: ignore[union-attr]
+
+
+def test_an_orphan_shard_left_by_a_kill_is_removed(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    write_tiny_dataset(storage, TOPIC, 0, ["a", "b"], per_shard=1)  # shards at offsets 0 and 1
+    write_tiny_dataset(storage, TOPIC, 1, ["other-partition"], first_offset=9)
+    # A kill after the shard and its keys were written, before its index:
+    orphan = shard_stem(TOPIC, 0, 2)
+    write_tiny_dataset(storage, TOPIC, 0, ["c"], first_offset=2)
+    (tmp_path / INDEX / f"{orphan}.json").unlink()
+    # ... and one after the shard alone (a shard that was being replaced by the replay).
+    lone = shard_stem(TOPIC, 0, 3)
+    write_tiny_dataset(storage, TOPIC, 0, ["d"], first_offset=3)
+    (tmp_path / INDEX / f"{lone}.json").unlink()
+    (tmp_path / KEYS / f"{lone}.keys").unlink()
+
+    state = load(storage)
+    assert f"{orphan}.safetensors" not in files(tmp_path, SHARDS) and f"{lone}.safetensors" not in files(tmp_path, SHARDS)
+    assert f"{orphan}.keys" not in files(tmp_path, KEYS)
+    assert len(files(tmp_path, SHARDS)) == 3  # partition 0's two indexed shards and partition 1's
+    assert state.stored_copy(storage, "c", [0]) is None  # its records are replayed and stored again
+    assert state.stored_copy(storage, "b", [0]) is not None
+
+
+def test_only_the_files_of_exactly_this_partition_count(tmp_path: Path) -> None:
+    """``a-0001-`` is also the start of topic ``a-0001-x``'s names."""
+    storage = LocalStorage(tmp_path)
+    write_tiny_dataset(storage, "a-0001-x", 0, ["theirs"])
+    write_tiny_dataset(storage, "a", 1, ["ours"], first_offset=0)
+    state = PartitionState.load(storage, "a", 1, 600)
+    assert len(state.keys) == 1 and state.stored_copy(storage, "theirs", [0]) is None
+    assert len(files(tmp_path, SHARDS)) == 2  # nothing of the other topic was taken for an orphan
+
+
+def test_a_dataset_from_before_key_files_gets_them_once(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    write_tiny_dataset(storage, TOPIC, 0, [f"old-{i}" for i in range(30)], per_shard=10)
+    for path in (tmp_path / KEYS).iterdir():
+        path.unlink()
+    state = load(storage)
+    assert len(state.keys) == 30 and state.stored_copy(storage, "old-29", [0]) is not None
+    assert len(files(tmp_path, KEYS)) == 3
+    assert len(load(storage).keys) == 30
+
+
+def test_a_damaged_key_file_is_rebuilt_from_its_index(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    write_tiny_dataset(storage, TOPIC, 0, ["x", "y"])
+    key_file = tmp_path / KEYS / f"{shard_stem(TOPIC, 0, 0)}.keys"
+    key_file.write_bytes(key_file.read_bytes()[:-3])
+    state = load(storage)
+    assert state.stored_copy(storage, "y", [0]) is not None
+    assert len(decode_keys(key_file.read_bytes(), key_file.name)) == 2
+
+
+def test_many_small_shards_are_rolled_up(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    ids = [f"s-{i}" for i in range(2 * ROLLUP_AFTER)]
+    write_tiny_dataset(storage, TOPIC, 0, ids, per_shard=2)
+    assert len(load(storage).keys) == len(ids)
+    rollup = tmp_path / rollup_path(partition_prefix(TOPIC, 0))
+    assert len(decode_keys(rollup.read_bytes(), rollup.name)) == len(ids)
+    write_tiny_dataset(storage, TOPIC, 0, ["after"], first_offset=len(ids))
+    state = load(storage)  # the roll-up plus the one shard indexed since
+    assert len(state.keys) == len(ids) + 1
+    assert all(state.stored_copy(storage, i, [0]) is not None for i in ("s-0", "s-63", "after"))
+
+
+def test_a_key_collision_is_resolved_by_the_index(tmp_path: Path) -> None:
+    """Two ids with one 64-bit key: the index says which one is stored."""
+    storage = LocalStorage(tmp_path)
+    write_tiny_dataset(storage, TOPIC, 0, ["stored"])
+    state = load(storage)
+    state.keys.add(np.array([(request_key("unknown"), token_key([0]), 0)], KEY_RECORD))
+    assert state.stored_copy(storage, "unknown", [0]) is None
+
+
+def test_keys_naming_a_missing_index_are_an_error(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    write_tiny_dataset(storage, TOPIC, 0, ["gone"])
+    state = load(storage)
+    (tmp_path / INDEX / f"{shard_stem(TOPIC, 0, 0)}.json").unlink()
+    with pytest.raises(DatasetDamaged, match="which is missing"):
+        state.stored_copy(storage, "gone", [0])
+
+
+def test_the_key_index_merges_what_was_added() -> None:
+    index = KeyIndex.of(np.array([(5, 1, 0), (3, 2, 0)], KEY_RECORD))
+    index.add(np.array([(4, 3, 10), (2**64 - 1, 4, 10)], KEY_RECORD))
+    records = index.records()
+    assert records["request"].tolist() == [3, 4, 5, 2**64 - 1] and not index.recent
+    assert len(index) == 4 and index.tokens.tolist() == [2, 3, 1, 4]
+
+
+@pytest.mark.parametrize("data, problem", [(b"nope", "is not a key file"), (KEYS_MAGIC + b"x" * 25, "is truncated")])
+def test_a_bad_key_file_is_named(data: bytes, problem: str) -> None:
+    with pytest.raises(ValueError, match=f"k.keys {problem}"):
+        decode_keys(data, "k.keys")
+
+
+def test_key_records_must_have_the_contract_dtype() -> None:
+    with pytest.raises(ValueError, match="dtype"):
+        encode_keys(np.zeros(2, "<u8"))
+    assert decode_keys(encode_keys(np.zeros(0, KEY_RECORD)), "empty").size == 0
+
+
+def test_listing_filters_by_name_and_position(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    for name in ("a-1", "a-2", "a-3", "b-1"):
+        storage.write_atomic(f"d/{name}", b"")
+    assert storage.list("d", starting="a-") == ["d/a-1", "d/a-2", "d/a-3"]
+    assert storage.list("d", starting="a-", after="a-1") == ["d/a-2", "d/a-3"]
+    assert storage.list("d", after="a-3") == ["d/b-1"]
+
+
+def test_an_open_shard_finds_its_samples_by_id() -> None:
+    shard = OpenShard(TOPIC, 0)
+    shard.add(tiny_sample("q", 1))
+    assert shard.by_id["q"].manifest_offset == 1
