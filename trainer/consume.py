@@ -38,6 +38,9 @@ class ConsumeOptions:
     seed: int
     idle_timeout: float | None
     dedupe_window: int
+    until_end: bool = False
+    """Stop once every partition is caught up with its end as the last fetch saw
+    it: one pass over what is published (tests, benchmarks, a bounded epoch)."""
     poll_timeout: float = 0.5
 
 
@@ -110,6 +113,19 @@ def consume(opts: ConsumeOptions, shards: ShardHandles, progress: Progress, slot
         consumer.close()
 
 
+def _caught_up(consumer: Consumer, topic: str, read: dict[int, int]) -> bool:
+    """Every partition read up to its end: the end is the high watermark of the
+    last fetch response (cached: a broker's answer to a watermark query can lag,
+    as the embedded dev broker's does), the read position the records seen
+    (``read``) or the consumer's position, which also moves past transaction
+    markers."""
+    for tp in consumer.position([TopicPartition(topic, p) for p in read]):
+        _low, high = consumer.get_watermark_offsets(tp, cached=True)
+        if high < 0 or max(tp.offset, read[tp.partition]) < high:
+            return False
+    return True
+
+
 def _loop(consumer: Consumer, opts: ConsumeOptions, shards: ShardHandles, starts: dict[int, tuple[int, set[int]]],
           rng: random.Random) -> Iterator[TrainingSample]:
     origin = {p: start for p, (start, _) in starts.items()}
@@ -119,7 +135,10 @@ def _loop(consumer: Consumer, opts: ConsumeOptions, shards: ShardHandles, starts
     buffer: list[_Pending] = []
     layout: LayerLayout | None = None
     last_record = time.monotonic()
+    read = dict(origin)
     while True:
+        if opts.until_end and _caught_up(consumer, opts.topic, read):
+            break
         message = consumer.poll(opts.poll_timeout)
         if message is None:
             if opts.idle_timeout is not None and time.monotonic() - last_record >= opts.idle_timeout:
@@ -131,6 +150,7 @@ def _loop(consumer: Consumer, opts: ConsumeOptions, shards: ShardHandles, starts
             continue  # librdkafka retries transient errors itself
         last_record = time.monotonic()
         p, offset = message.partition(), message.offset()
+        read[p] = offset + 1
         if offset in skip[p]:  # consumed before the restart
             skip[p].discard(offset)
             continue
