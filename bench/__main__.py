@@ -9,6 +9,8 @@ created under ``__main__`` and must not outlive their section):
   transformers, rounds interleaved in one process;
 * ``bench.pipeline``: producer → Kafka → extractor → sink processes: e2e vs
   extraction alone, peak RSS over 2,000 prompts, 1 vs 2 extractors.
+* ``bench.sink_scale``: the sink against a dataset of 1 M stored samples: RSS
+  growth per sample, the assignment's load time, start to ready.
 
     python -m bench [--quick] [--preload iomp|none] [--only SECTION ...]
 """
@@ -33,7 +35,7 @@ from bench import report
 from extractor.cpu_defaults import cpu_list
 from hsx.dev.spawn import cpu_engine_env
 
-SECTIONS = ["stages", "extraction", "pipeline"]
+SECTIONS = ["stages", "extraction", "pipeline", "sink_scale"]
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -64,13 +64,15 @@ class Sink:
 
     def run(self) -> SinkStats:
         """Run until stopped (SIGTERM/SIGINT, idle timeout); flush, commit, leave.
-        Raises :class:`ServiceFailed` when it had to stop early."""
+        Raises :class:`~sink.partition_count.PartitionCountChanged` before joining the group when the
+        blocks topic's partition count is not the dataset's, :class:`ServiceFailed`
+        when it had to stop early."""
         release_large_buffers_to_the_os()
         self.member.handle_signals(self.stop)
         ensure_topics(self.kafka, self.topic_settings, [self.topics.blocks, self.topics.blocks_dlq, self.topics.ready])
-        self.member.serve_health(self.options.health_port, lambda: None, lambda: f"{len(self._partitions)} partitions")
         producer = make_producer(self.kafka)
         self._check_partition_count(producer)
+        self.member.serve_health(self.options.health_port, lambda: None, lambda: f"{len(self._partitions)} partitions")
         self._dead_letters = DeadLetters(producer, "sink", on_lost=self.member.fail)
         self._ready = ReadyPublisher(self.kafka, producer, self.topics.ready, self.member.marks,
                                      self.options.group_id if self.options.exactly_once else None)
@@ -117,9 +119,13 @@ class Sink:
             self.member.fail(refusal(str(self.options.output), self.topics.blocks, self._recorded_partitions,
                                      f"at least {max(grown) + 1}"))
             return
+        started = time.monotonic()
         for topic, partition in partitions:
-            self._partitions[(topic, partition)] = PartitionState.load(
-                self.storage, topic, partition, self.options.incomplete_timeout)
+            state = PartitionState.load(self.storage, topic, partition, self.options.incomplete_timeout)
+            self._partitions[(topic, partition)] = state
+            log.info("%s-%d: %d samples already stored (%d KiB of dedupe keys)", topic, partition, len(state.keys),
+                     state.keys.nbytes // 1024)
+        self.stats.partitions_loaded(time.monotonic() - started, sum(len(s.keys) for s in self._partitions.values()))
 
     def revoked(self, partitions: list[TopicPartitionKey]) -> None:
         """Make what we hold durable before the member commits and the partitions move on."""

@@ -12,6 +12,8 @@ from runtime.stats import Recorder, counted
 from sink.assembler import Sample
 
 _BUFFERED_BYTES = Gauge("hsx_sink_buffered_bytes", "Bytes held in memory (pending blocks + open shards)")
+_KNOWN_SAMPLES = Gauge("hsx_sink_known_samples", "Samples of the assigned partitions already in the dataset (dedupe keys held)")
+_LOAD_SECONDS = Gauge("hsx_sink_partition_load_seconds", "Seconds the last assignment spent loading its partitions' dedupe keys")
 
 
 @dataclass
@@ -35,6 +37,11 @@ class SinkStats(Recorder):
 
     def buffered(self, nbytes: int) -> None:
         _BUFFERED_BYTES.set(nbytes)
+
+    def partitions_loaded(self, seconds: float, known_samples: int) -> None:
+        """An assignment loaded its partitions' keys; ``known_samples``: of all assigned partitions."""
+        _LOAD_SECONDS.set(seconds)
+        _KNOWN_SAMPLES.set(known_samples)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -1,6 +1,7 @@
 """The sink's dedupe index: what a partition already holds is known from compact
 keys, also far back, also in datasets written before key files existed; a shard
-a kill left without its index is removed; damaged key files are rebuilt."""
+a kill left without its index is removed; damaged key files are rebuilt; the
+blocks topic's partition count is recorded and a changed one refused."""
 
 from __future__ import annotations
 
@@ -10,9 +11,14 @@ import numpy as np
 import pytest
 
 from hsx.dev.datasets import tiny_sample, write_tiny_dataset
+from runtime.settings import KafkaSettings, TopicSettings
+from schemas.shard import TopicRecord
 from schemas.keys import KEY_RECORD, KEYS_MAGIC, decode_keys, encode_keys, request_key, token_key
 from sink.keys import ROLLUP_AFTER, KeyIndex, rollup_path
+from sink.options import SinkOptions
 from sink.partition import DatasetDamaged, PartitionState
+from sink.partition_count import PartitionCountChanged, check_partition_count, record_path
+from sink.service import Sink
 from sink.shards import INDEX, KEYS, SHARDS, OpenShard, partition_prefix, shard_stem, write_shard
 from sink.storage import LocalStorage
 
@@ -176,3 +182,29 @@ def test_an_open_shard_finds_its_samples_by_id() -> None:
     shard = OpenShard(TOPIC, 0)
     shard.add(tiny_sample("q", 1))
     assert shard.by_id["q"].manifest_offset == 1
+
+
+def test_the_partition_count_is_recorded_then_checked(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    assert check_partition_count(storage, TOPIC, 4, "out/ds") == 4
+    assert TopicRecord.model_validate_json((tmp_path / record_path(TOPIC)).read_bytes()).partitions == 4
+    assert check_partition_count(storage, TOPIC, 4, "out/ds") == 4
+    with pytest.raises(PartitionCountChanged) as refused:
+        check_partition_count(storage, TOPIC, 6, "out/ds")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"out/ds was written from {TOPIC} with 4 partitions, but {TOPIC} now has 6" in message
+    assert "Write to a new --output" in message and record_path(TOPIC) in message
+    (tmp_path / record_path(TOPIC)).write_text("{}")
+    with pytest.raises(PartitionCountChanged, match="is not a topic record"):
+        check_partition_count(storage, TOPIC, 4, "out/ds")
+
+
+def test_partitions_added_while_the_sink_runs_stop_it(tmp_path: Path) -> None:
+    """A rebalance that hands out a partition beyond the recorded count."""
+    sink = Sink(KafkaSettings(bootstrap="localhost:1"), TopicSettings(), SinkOptions(output=tmp_path))
+    sink._recorded_partitions = 2
+    sink.assigned([(sink.topics.blocks, 0), (sink.topics.blocks, 2)])
+    assert sink.member.stopping and isinstance(sink.member.fatal, PartitionCountChanged)
+    assert "with 2 partitions, but" in str(sink.member.fatal) and "now has at least 3" in str(sink.member.fatal)
+    assert sink._partitions == {}  # none of them is read: nothing of them is committed
