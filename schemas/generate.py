@@ -10,6 +10,7 @@ import orjson
 from pydantic import BaseModel
 
 from schemas import BlockHeader, BlockRecordHeaders, DlqHeaders, HiddenStatesReady, Manifest, PromptEvent, ShardIndex
+from schemas.training import ExportMetadata, OnlineLoaderState
 
 JSON_DIR = Path(__file__).parent / "json"
 MODELS: dict[str, type[BaseModel]] = {
@@ -20,6 +21,8 @@ MODELS: dict[str, type[BaseModel]] = {
     "hidden_states_ready": HiddenStatesReady,
     "dlq_headers": DlqHeaders,
     "shard_index": ShardIndex,
+    "export_metadata": ExportMetadata,
+    "online_loader_state": OnlineLoaderState,
 }
 
 
