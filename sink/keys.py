@@ -115,9 +115,19 @@ def load_keys(storage: Storage, prefix: str, indexed: list[str]) -> KeyIndex:
     index = KeyIndex.of(np.concatenate(parts) if parts else np.empty(0, KEY_RECORD))
     del parts  # the files' bytes: only the sorted arrays stay
     if read >= ROLLUP_AFTER:
-        storage.write_atomic(rollup_path(prefix), encode_keys(index.records()))
+        _write_derived(storage, rollup_path(prefix), index.records())
         log.info("rolled up the keys of %d shards of %s* (%d samples)", read, prefix, len(index))
     return index
+
+
+def _write_derived(storage: Storage, path: str, records: np.ndarray) -> None:
+    """Key files are derived from the indexes: failing to write one (a full or
+    read-only disk) only costs the next load the work again, so it must not stop
+    the assignment."""
+    try:
+        storage.write_atomic(path, encode_keys(records))
+    except OSError as exc:
+        log.warning("cannot write %s (the next assignment builds it again): %s", path, exc)
 
 
 def _read_rollup(storage: Storage, prefix: str) -> np.ndarray | None:
@@ -142,5 +152,5 @@ def _shard_keys(storage: Storage, stem: str, keyed: bool) -> np.ndarray:
     index = ShardIndex.model_validate_json(storage.read(f"{INDEX}/{stem}.json"))
     records = np.array([(request_key(e.request_id), token_key(stored_token_ids(storage, e)), index.first_offset)
                         for e in index.events], dtype=KEY_RECORD)
-    storage.write_atomic(path, encode_keys(records))
+    _write_derived(storage, path, records)
     return records

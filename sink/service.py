@@ -15,7 +15,7 @@ import time
 
 from confluent_kafka import Message, Producer
 
-from runtime.errors import Rejection
+from runtime.errors import Rejection, ServiceFailed
 from runtime.kafka import ensure_topics, make_producer
 from runtime.kafka.config import MAX_MESSAGE_BYTES
 from runtime.kafka.dead_letters import DeadLetters
@@ -111,6 +111,8 @@ class Sink:
         :mod:`sink.partition_count`)."""
         topic = self.topics.blocks
         partitions = len(producer.list_topics(topic, timeout=30).topics[topic].partitions)
+        if not partitions:  # ensure_topics saw it: metadata without partitions is the broker's fault
+            raise ServiceFailed(f"the broker's metadata lists no partitions of {topic}; retry once it does")
         self._recorded_partitions = check_partition_count(self.storage, topic, partitions, str(self.options.output))
 
     def assigned(self, partitions: list[TopicPartitionKey]) -> None:

@@ -208,3 +208,22 @@ def test_partitions_added_while_the_sink_runs_stop_it(tmp_path: Path) -> None:
     assert sink.member.stopping and isinstance(sink.member.fatal, PartitionCountChanged)
     assert "with 2 partitions, but" in str(sink.member.fatal) and "now has at least 3" in str(sink.member.fatal)
     assert sink._partitions == {}  # none of them is read: nothing of them is committed
+
+
+class _NoKeyWrites(LocalStorage):
+    """A disk that is full for key files (derived data) only."""
+
+    def write_atomic(self, relative: str, data: bytes) -> None:
+        if relative.startswith(f"{KEYS}/"):
+            raise OSError(28, "No space left on device")
+        super().write_atomic(relative, data)
+
+
+def test_key_files_that_cannot_be_written_do_not_stop_the_assignment(tmp_path: Path) -> None:
+    write_tiny_dataset(LocalStorage(tmp_path), TOPIC, 0, [f"f-{i}" for i in range(ROLLUP_AFTER)], per_shard=1)
+    for path in (tmp_path / KEYS).iterdir():
+        path.unlink()
+    storage = _NoKeyWrites(tmp_path)
+    state = load(storage)  # neither the shards' key files nor the roll-up can be written
+    assert len(state.keys) == ROLLUP_AFTER and state.stored_copy(storage, "f-7", [0]) is not None
+    assert files(tmp_path, KEYS) == []
