@@ -8,7 +8,9 @@ created under ``__main__`` and must not outlive their section):
 * ``bench.extraction``: plain vLLM / hsx / stock files connector / HF
   transformers, rounds interleaved in one process;
 * ``bench.pipeline``: producer → Kafka → extractor → sink processes: e2e vs
-  extraction alone, peak RSS over 2,000 prompts, 1 vs 2 extractors.
+  extraction alone, peak RSS over 2,000 prompts, 1 vs 2 extractors;
+* ``bench.generation``: generate-and-capture in one pass vs two passes and vs
+  plain generation, with a profile of the decode steps.
 * ``bench.sink_scale``: the sink against a dataset of 1 M stored samples: RSS
   growth per sample, the assignment's load time, start to ready.
 
@@ -35,7 +37,7 @@ from bench import report
 from extractor.cpu_defaults import cpu_list
 from hsx.dev.spawn import cpu_engine_env
 
-SECTIONS = ["stages", "extraction", "pipeline", "sink_scale"]
+SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale"]
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -18,6 +18,8 @@ TARGETS = [
     ("rss_growth_10_to_100pct", 1.10, "RSS at 100% ÷ at 10% of a 2,000-prompt run (at most)"),
     ("sink_scale_rss_bytes_per_sample", 64.0, "sink RSS growth per stored sample once ready, 1 M samples (at most)"),
     ("sink_scale_load_s", 2.0, "seconds an assignment spends loading 1 M stored samples' dedupe keys (at most)"),
+    ("one_pass_vs_two_pass_ratio", 1.2, "generate-and-capture ÷ generate, then prefill on a cold engine"),
+    ("one_pass_vs_plain_generation_ratio", 0.90, "generate-and-capture ÷ plain vLLM generation"),
 ]
 
 AT_MOST = {"rss_growth_10_to_100pct", "sink_scale_rss_bytes_per_sample", "sink_scale_load_s"}
@@ -226,7 +228,9 @@ def render(r: dict[str, Any]) -> str:
         f"| sink, MiB | {_fmt(g('rss_sink_mb_at_10pct'))} | {_fmt(g('rss_sink_mb_at_50pct'))} | "
         f"{_fmt(g('rss_sink_mb_at_100pct'))} | {_fmt(g('peak_rss_sink_mb'))} |",
         "",
+        *generation_lines(r),
         *sink_scale_section(r),
+        *loader_section(r),
         profile_notes(r),
         "## Reproduce",
         "",
@@ -236,6 +240,7 @@ def render(r: dict[str, Any]) -> str:
         ".venv/bin/python -m bench --only extraction   # one section; the others' figures are kept",
         ".venv/bin/python -m bench --preload none      # without LD_PRELOAD of libiomp5.so",
         ".venv/bin/python -m bench.sink_scale [--quick]  # the sink at dataset scale alone; merges its figures",
+        ".venv/bin/python -m bench.loader [--quick]      # the trainer loader alone; merges its figures",
         "```",
         "",
         "`make bench` sets `HSX_CACHE_DIR` like `make test`; the bench sets `VLLM_CPU_KVCACHE_SPACE=2` unless set, "
@@ -244,6 +249,85 @@ def render(r: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def generation_lines(r: dict[str, Any]) -> list[str]:
+    g = _getter(r)
+    sides = [("one_pass", "**hsx, one pass**: generate and capture prompt + answer"),
+             ("two_pass_cold", "two passes: plain vLLM generates, then hsx prefills prompt + answer (cold cache)"),
+             ("two_pass_warm", "two passes on the hsx engine: generate, then prefill (prefix cache warm)"),
+             ("plain", "plain vLLM generation, no extraction"),
+             ("spec_only", "`extract_hidden_states` without a connector (the method's own cost)")]
+    lines = [
+        "## Generation: one pass vs two passes (`bench/generation.py`)",
+        "",
+        f"{g('generation_prompts')} demo prompts per round, each answered greedily with "
+        f"{g('generation_max_tokens')} tokens (`ignore_eos`), {g('generation_model')} float32, "
+        f"{g('generation_rounds')} rounds interleaved, each side's prompts new every round; tokens captured "
+        f"per round: {_fmt(g('generation_captured_tokens'))} (prompt + answer - 1 per request, on every side).",
+        "",
+        "| side | tokens captured/s (median) |",
+        "|---|---|",
+        *(f"| {what} | {_fmt(g(f'generation_{s}_tokens_per_s'))} |" for s, what in sides),
+        "",
+        f"- One pass ÷ two passes: {_fmt(g('one_pass_vs_two_pass_ratio'))} (cold second prefill), "
+        f"{_fmt(g('one_pass_vs_two_pass_warm_ratio'))} (second prefill on the same warm engine).",
+        f"- One pass ÷ plain generation: {_fmt(g('one_pass_vs_plain_generation_ratio'))} = the extraction method "
+        f"({_fmt(g('spec_only_vs_plain_generation_ratio'))}, `spec_only` ÷ plain) × hsx's connector "
+        f"({_fmt(g('one_pass_vs_spec_only_ratio'))}, one pass ÷ `spec_only`).",
+    ]
+    if "generation_profile_plain_decode_step_ms" in r:
+        lines += [
+            "",
+            "Profile: one more batch per engine under vLLM's torch profiler; decode steps are the engine steps "
+            "with no prefill in them.",
+            "",
+            "| engine | decode steps | decode ms in total | ms per decode step | query tokens per request and step | matmul ms | "
+            "forward ms | sample ms | draft ms |",
+            "|---|---|---|---|---|---|---|---|---|",
+            *(f"| {name} | {_fmt(g(f'generation_profile_{name}_decode_steps'))} | "
+              f"{_fmt(g(f'generation_profile_{name}_decode_ms'))} | "
+              f"{_fmt(g(f'generation_profile_{name}_decode_step_ms'))} | "
+              f"{_fmt(g(f'generation_profile_{name}_decode_query_tokens_per_request'))} | "
+              f"{_fmt(g(f'generation_profile_{name}_matmul_ms'))} | "
+              f"{_fmt(g(f'generation_profile_{name}_phase_forward_ms'))} | "
+              f"{_fmt(g(f'generation_profile_{name}_phase_sample_ms'))} | "
+              f"{_fmt(g(f'generation_profile_{name}_phase_draft_ms'))} |" for name in ("plain", "spec_only", "one_pass")),
+            "",
+            *_generation_profile_notes(r),
+        ]
+    return [*lines, ""]
+
+
+def loader_section(r: dict[str, Any]) -> list[str]:
+    """``bench.loader``: trainer/'s map-style loader against a raw safetensors read."""
+    if "loader_raw_gb_s" not in r:
+        return []
+    g = _getter(r)
+    sides = [("raw", "raw safetensors read: `get_tensor` + copy of every tensor, one process"),
+             ("file_read", "the shard files read whole into bytes (for scale, no tensors)"),
+             ("w0", "`HsxDataset` + `PackedCollate`, DataLoader with 0 workers"),
+             ("w1", "the same, 1 worker"), ("w2", "the same, 2 workers")]
+    return [
+        "## Trainer loader (`bench/loader.py`)",
+        "",
+        f"{g('loader_samples')} samples, {_fmt(g('loader_tokens'))} tokens, {g('loader_shape')} "
+        f"({_fmt(g('loader_hidden_bytes'))} bytes of hidden states: a demo-sized dataset), written through the "
+        "sink's write path to local disk and read once per epoch; the first epoch warms the page cache and "
+        f"starts the (persistent) workers, then {g('loader_rounds')} epochs per side, interleaved, median. "
+        "Batches are packed to 2,048 tokens without cutting a sample, float32 (no cast).",
+        "",
+        "| side | samples/s | GB/s | ÷ raw |",
+        "|---|---|---|---|",
+        *(f"| {what} | {_fmt(g(f'loader_{s}_samples_per_s'))} | {_fmt(g(f'loader_{s}_gb_s'))} | "
+          f"{_fmt(r.get(f'loader_{s}_vs_raw_ratio', 1.0 if s == 'raw' else None))} |" for s, what in sides),
+        "",
+        "Reading from memory-mapped shards is bound by first-touching memory, in the map and in the buffer "
+        "the bytes go to; a batch's buffers are the same size every time, so the allocator hands the same "
+        "pages back, while the raw read copies each tensor into fresh memory. Workers add cores: on this "
+        "2-core machine the second one has little left to take.",
+        "",
+    ]
 
 
 def sink_scale_section(r: dict[str, Any]) -> list[str]:
@@ -280,6 +364,34 @@ def sink_scale_section(r: dict[str, Any]) -> list[str]:
         "",
     ]
     return lines
+
+
+def _over_plain(r: dict[str, Any], figure: str) -> str:
+    """The extraction engines' ``figure`` as a multiple of plain generation's."""
+    plain = r.get(f"generation_profile_plain_{figure}")
+    ours = [r.get(f"generation_profile_{name}_{figure}") for name in ("spec_only", "one_pass")]
+    if not plain or None in ours:
+        return "–"
+    return " / ".join(f"{x / plain:.2f}x" for x in ours)
+
+
+def _generation_profile_notes(r: dict[str, Any]) -> list[str]:
+    return [
+        "Where the difference to plain generation goes (spec_only / one_pass as multiples of plain, same batch):",
+        "",
+        f"- A decode step costs {_over_plain(r, 'decode_step_ms')}: vLLM's extraction proposer puts the sampled "
+        "token in the draft slot, so every decode step runs two query tokens per request instead of one.",
+        f"- Matmul time {_over_plain(r, 'matmul_ms')}: on this CPU the projections are compute-bound even at "
+        "decode batch sizes, so the second query token costs close to what the first does. On a GPU decode is "
+        "memory-bound (the weights are read once per step, whatever the token count), so the second token is "
+        "nearly free there; not measured here (the lent GPU machines have no vLLM).",
+        f"- Sampling {_over_plain(r, 'phase_sample_ms')}: each request goes through spec decoding's rejection "
+        "sampler. The hsx connector itself (gather, codec, produce) is the step from spec_only to one_pass in "
+        "the table above.",
+        "- So on CPU, one pass beats two passes only by the prefill it saves (prompt + answer once more, "
+        "batched and cheap per token) minus the decode overhead it adds per generated token; the longer the "
+        "answers relative to the prompts, the smaller the gain.",
+    ]
 
 
 def _ratios(r: dict[str, Any], a: str, b: str) -> str:
