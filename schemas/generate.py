@@ -10,6 +10,7 @@ import orjson
 from pydantic import BaseModel
 
 from schemas import BlockHeader, BlockRecordHeaders, DlqHeaders, HiddenStatesReady, Manifest, PromptEvent, ShardIndex
+from schemas.shard import TopicRecord
 from schemas.training import ExportMetadata, OnlineLoaderState
 
 JSON_DIR = Path(__file__).parent / "json"
@@ -21,6 +22,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "hidden_states_ready": HiddenStatesReady,
     "dlq_headers": DlqHeaders,
     "shard_index": ShardIndex,
+    "topic_record": TopicRecord,
     "export_metadata": ExportMetadata,
     "online_loader_state": OnlineLoaderState,
 }
