@@ -51,6 +51,17 @@ def good_prompts() -> list[dict]:
     return prompts
 
 
+GREEDY = {"max_tokens": 8, "ignore_eos": True}
+
+
+def generating_prompts() -> list[dict]:
+    """The verifier answers: a text continued, and a chat whose every assistant turn it regenerates."""
+    chat = [{"role": "user", "content": text(6, 12)}, {"role": "assistant", "content": "to be replaced"},
+            {"role": "user", "content": text(4, 13)}]
+    return [{"request_id": "gen-text", "prompt": text(12, 14), "generation": GREEDY},
+            {"request_id": "gen-chat", "messages": chat, "generation": GREEDY}]
+
+
 BAD = {  # request id → (raw record, expected DLQ error class)
     "bad-vocab": (orjson.dumps({"request_id": "bad-vocab", "token_ids": [5, 6, 10**6]}), "token_out_of_vocabulary"),
     "bad-long": (orjson.dumps({"request_id": "bad-long", "prompt": text(900, 1)}), "prompt_too_long"),
@@ -64,6 +75,7 @@ class Run:
     model_dir: Path
     tokenizer: object
     prompts: list[dict]
+    generating: list[dict]
     samples: dict[str, list[Sample]]
     dead: list
     layer_ids: list[int]
@@ -107,8 +119,8 @@ def run(request: pytest.FixtureRequest, kafka_bootstrap: str, tmp_path_factory: 
     model_dir = models.prepare(names=[name])[name]
     kafka = KafkaSettings(bootstrap=kafka_bootstrap)
     topics = fresh_topics(kafka, partitions=3)
-    prompts = good_prompts()
-    _publish(kafka, topics.prompts, prompts)
+    prompts, generating = good_prompts(), generating_prompts()
+    _publish(kafka, topics.prompts, prompts + generating)
 
     log = tmp_path_factory.mktemp("extract") / "extract.log"
     args = ["--max-model-len", "512", "--block-bytes", "16384"] + (["--layers", layers] if layers else [])
@@ -120,12 +132,13 @@ def run(request: pytest.FixtureRequest, kafka_bootstrap: str, tmp_path_factory: 
     dead = drain(kafka, topics.prompts_dlq, expected=len(BAD), timeout=30)
     committed, ends = _offsets(kafka, topics.prompts, group, 3)
     first = next(iter(samples.values()))[0]
-    return Run(model_dir, AutoTokenizer.from_pretrained(model_dir), prompts, samples, dead,
+    return Run(model_dir, AutoTokenizer.from_pretrained(model_dir), prompts, generating, samples, dead,
                first.manifest.layer_ids, committed, ends, topics.prompts)
 
 
 def test_every_prompt_has_exactly_one_manifest(run: Run) -> None:
-    assert Counter({k: len(v) for k, v in run.samples.items()}) == Counter({p["request_id"]: 1 for p in run.prompts})
+    expected = Counter({p["request_id"]: 1 for p in run.prompts + run.generating})
+    assert Counter({k: len(v) for k, v in run.samples.items()}) == expected
 
 
 def test_hidden_states_match_hf_transformers(run: Run) -> None:
@@ -139,6 +152,25 @@ def test_hidden_states_match_hf_transformers(run: Run) -> None:
             error = max_relative_error(sample.hidden_states[:, j], expected[:, j])
             worst[layer] = max(worst.get(layer, 0.0), error)
     assert all(error <= 1e-4 for error in worst.values()), worst
+
+
+def test_greedy_answers_are_hf_greedy_turn_by_turn(run: Run) -> None:
+    """Every generated turn equals HF's greedy continuation of the sequence before
+    it (the verifier's earlier answer included); the prompt is the tokenizer's."""
+    reference = HFReference(run.model_dir)
+    for prompt in run.generating:
+        (sample,) = run.samples[prompt["request_id"]]
+        m = sample.manifest
+        assert m.generation is not None
+        sequence = m.token_ids + [m.generation.final_token_id]
+        turns = m.generation.turns
+        assert len(turns) == (2 if "messages" in prompt else 1)
+        for turn in turns:
+            assert sequence[turn.token_start:turn.token_end] == reference.greedy(sequence[:turn.token_start], 8)
+        if "prompt" in prompt:
+            assert sequence[:turns[0].token_start] == run.tokenizer(prompt["prompt"])["input_ids"]
+        else:
+            assert "to be replaced" not in run.tokenizer.decode(sequence)
 
 
 def test_token_ids_are_the_tokenizers(run: Run) -> None:
