@@ -133,15 +133,22 @@ def merge(out: Path, figures: dict[str, object]) -> dict[str, object]:
     return merged
 
 
+def publish(out: Path, doc: Path, figures: dict[str, object]) -> dict[str, object]:
+    """A section run on its own: ``figures`` merged into ``out``, and when that is
+    the published ``bench/results.json``, its page ``doc`` rendered again."""
+    merged = merge(out, figures)
+    if out.resolve() == (ROOT / "bench" / "results.json").resolve():
+        doc.write_text(report.render(merged))
+    return merged
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="100 k samples instead of 1 M")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     args = parser.parse_args()
-    merged = merge(args.out, run(args.quick))
-    if args.out.resolve() == (ROOT / "bench" / "results.json").resolve():  # the published figures: their page too
-        args.doc.write_text(report.render(merged))
+    publish(args.out, args.doc, run(args.quick))
     print(f"[sink_scale] wrote {args.out}", file=sys.stderr)
 
 

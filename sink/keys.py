@@ -78,8 +78,11 @@ class KeyIndex:
             self._merge()
 
     def records(self) -> np.ndarray:
-        """Every key, as ``KEY_RECORD`` records (sorted by request key after a merge)."""
+        """Every key, as ``KEY_RECORD`` records sorted by request key."""
         self._merge()
+        return self._sorted_records()
+
+    def _sorted_records(self) -> np.ndarray:
         out = np.empty(len(self.requests), KEY_RECORD)
         out["request"], out["tokens"], out["shard"] = self.requests, self.tokens, self.shards
         return out
@@ -87,9 +90,7 @@ class KeyIndex:
     def _merge(self) -> None:
         if not self.recent:
             return
-        base = np.empty(len(self.requests), KEY_RECORD)
-        base["request"], base["tokens"], base["shard"] = self.requests, self.tokens, self.shards
-        merged = KeyIndex.of(np.concatenate([base, *self.recent]))
+        merged = KeyIndex.of(np.concatenate([self._sorted_records(), *self.recent]))
         self.requests, self.tokens, self.shards = merged.requests, merged.tokens, merged.shards
         self.recent, self.recent_by_request = [], {}
 
