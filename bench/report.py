@@ -322,10 +322,14 @@ def loader_section(r: dict[str, Any]) -> list[str]:
         *(f"| {what} | {_fmt(g(f'loader_{s}_samples_per_s'))} | {_fmt(g(f'loader_{s}_gb_s'))} | "
           f"{_fmt(r.get(f'loader_{s}_vs_raw_ratio', 1.0 if s == 'raw' else None))} |" for s, what in sides),
         "",
-        "Reading from memory-mapped shards is bound by first-touching memory, in the map and in the buffer "
-        "the bytes go to; a batch's buffers are the same size every time, so the allocator hands the same "
-        "pages back, while the raw read copies each tensor into fresh memory. Workers add cores: on this "
-        "2-core machine the second one has little left to take.",
+        "Both sides read from the page cache, so this is the loader's own cost per byte: the raw side copies "
+        "each tensor once; the loader copies each sample once into its batch (the split into aux slots and "
+        "the verifier slot happens in that copy). With workers, every batch also crosses to the trainer's "
+        "process in shared memory, and each worker gets one thread: on this shared 2-core machine that "
+        "hand-over costs more than reading a sample, so workers only pay off where reading does (cold disk, "
+        "a cast to bf16, larger models on more cores). The absolute figures here swing by an order of "
+        "magnitude from run to run with the machine's memory state and load (other sessions' tests): compare "
+        "the ratios of one run, not runs.",
         "",
     ]
 

@@ -20,13 +20,26 @@ copy per sample, none in the dataset.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils.data
 
 from trainer.samples import TrainingSample
+
+
+def _buffer(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized buffer; in a DataLoader worker, in shared memory from the
+    start (as torch's default collate does), so handing the batch to the trainer
+    process costs no second copy."""
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    typed = torch.empty(0, dtype=dtype)
+    storage = typed._typed_storage()._new_shared(math.prod(shape), device="cpu")
+    return typed.new(storage).view(shape)
 
 
 @dataclass
@@ -40,13 +53,19 @@ class _Rows:
     position_ids: torch.Tensor
 
     @classmethod
-    def zeros(cls, shape: tuple[int, ...], first: TrainingSample, dtype: torch.dtype) -> _Rows:
+    def empty(cls, shape: tuple[int, ...], first: TrainingSample, dtype: torch.dtype) -> _Rows:
+        """Uninitialized: the caller writes the tokens and zeroes only the padding
+        (first-touching a fresh buffer costs as much as the copy into it)."""
         slots, hidden = first.hidden_states.shape[1:]
         if slots < 2:
             raise ValueError(f"sample {first.request_id}: {slots} layer slot(s); EAGLE-3 needs aux layers and the last")
-        ints = lambda: torch.zeros(shape, dtype=torch.int64)  # noqa: E731
-        return cls(torch.zeros((*shape, (slots - 1) * hidden), dtype=dtype),
-                   torch.zeros((*shape, hidden), dtype=dtype), ints(), ints(), ints())
+        return cls(_buffer((*shape, (slots - 1) * hidden), dtype), _buffer((*shape, hidden), dtype),
+                   *(_buffer(shape, torch.int64) for _ in range(3)))
+
+    def pad(self, at: tuple[int, ...] | tuple[int, slice]) -> None:
+        """Zero ``at`` in every buffer (speculators pads with zeros)."""
+        for buffer in self.__dict__.values():
+            buffer[at] = 0
 
     def write(self, at: tuple[int, ...] | tuple[int, slice], sample: TrainingSample, rows: int) -> None:
         """Copy the first ``rows`` tokens of ``sample`` to ``at`` (an index of the buffers)."""
@@ -88,7 +107,7 @@ class PackedCollate:
     def __call__(self, samples: Sequence[TrainingSample]) -> dict[str, Any]:
         _check(samples)
         n = self.total_seq_len
-        rows = _Rows.zeros((n,), samples[0], self.dtype)
+        rows = _Rows.empty((n,), samples[0], self.dtype)
         document_ids = torch.full((n,), -1, dtype=torch.int64)
         lengths: list[int] = []
         offset = 0
@@ -100,6 +119,7 @@ class PackedCollate:
             document_ids[offset:offset + count] = document
             lengths.append(count)
             offset += count
+        rows.pad((slice(offset, n),))
         batch: dict[str, Any] = {k: v.unsqueeze(0) for k, v in rows.as_dict().items()}
         batch["document_ids"] = document_ids.unsqueeze(0)
         batch["lengths"] = torch.tensor(lengths, dtype=torch.int64)
@@ -121,11 +141,12 @@ class PaddedCollate:
     def __call__(self, samples: Sequence[TrainingSample]) -> dict[str, Any]:
         _check(samples)
         counts = [min(s.num_tokens, self.max_len or s.num_tokens) for s in samples]
-        rows = _Rows.zeros((len(samples), max(counts)), samples[0], self.dtype)
-        rows.input_ids.fill_(self.pad_token_id)
+        rows = _Rows.empty((len(samples), max(counts)), samples[0], self.dtype)
         attention = torch.zeros((len(samples), max(counts)), dtype=torch.bool)
         for i, (sample, count) in enumerate(zip(samples, counts, strict=True)):
             rows.write((i, slice(0, count)), sample, count)
+            rows.pad((i, slice(count, None)))
             attention[i, :count] = True
+        rows.input_ids[~attention] = self.pad_token_id
         return {**rows.as_dict(), "attention_mask": attention, "lengths": torch.tensor(counts, dtype=torch.int64),
                 **_extras(samples)}
