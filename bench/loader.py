@@ -23,7 +23,7 @@ rendered again.
 
 from __future__ import annotations
 
-import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -35,12 +35,11 @@ import torch
 from safetensors import safe_open
 from torch.utils.data import DataLoader
 
-from bench.sink_scale import publish
+from bench.sink_scale import standalone
 from hsx.dev.training_data import TrainingDataSpec, write_training_dataset
 from sink.shards import SHARDS
 from trainer import HsxDataset, PackedCollate
 
-ROOT = Path(__file__).resolve().parent.parent
 TOTAL = 2048
 DEMO = TrainingDataSpec(samples=64, min_tokens=20, max_tokens=400, layer_ids=(2, 15, 27, 30), hidden_size=576,
                         vocab=49152, per_shard=32)
@@ -125,16 +124,9 @@ def run(quick: bool) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="16 samples, 2 rounds: a smoke check")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
-    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
-    args = parser.parse_args()
-    figures = run(args.quick)
-    publish(args.out, args.doc, figures)
-    for key, value in figures.items():
-        print(f"{key:32} {value}", file=sys.stderr)
-
+    out = standalone(__doc__, "16 samples, 2 rounds: a smoke check", run)
+    figures = {k: v for k, v in json.loads(out.read_text()).items() if k.startswith("loader_")}
+    print("\n".join(f"{key:32} {value}" for key, value in figures.items()), file=sys.stderr)
 
 if __name__ == "__main__":
     main()

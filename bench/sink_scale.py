@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -142,14 +143,21 @@ def publish(out: Path, doc: Path, figures: dict[str, object]) -> dict[str, objec
     return merged
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="100 k samples instead of 1 M")
+def standalone(description: str | None, quick_help: str, run: Callable[[bool], dict[str, object]]) -> Path:
+    """``main()`` of a section run on its own: ``--quick``, ``--out``, ``--doc``,
+    then :func:`publish`; returns the results file written."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     args = parser.parse_args()
     publish(args.out, args.doc, run(args.quick))
-    print(f"[sink_scale] wrote {args.out}", file=sys.stderr)
+    return args.out
+
+
+def main() -> None:
+    out = standalone(__doc__, "100 k samples instead of 1 M", run)
+    print(f"[sink_scale] wrote {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

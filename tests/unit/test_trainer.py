@@ -143,3 +143,18 @@ def test_export_cli_refuses_bad_layers(dataset: Path, tmp_path: Path, capfd: pyt
         main(["export", str(tmp_path / "out"), "--dataset", str(dataset), "--layers", "a,b"])
     assert exited.value.code == 2 and "argument --layers: 'a,b': comma-separated layer ids" in capfd.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_trainer_imports_only_the_rooms_below_it() -> None:
+    """docs/architecture.md: trainer/ builds on sink/, runtime/ and schemas/ only."""
+    import ast
+
+    rooms = {"hsx", "producer", "extractor", "sink", "runtime", "schemas", "trainer", "bench", "tests"}
+    allowed = {"sink", "runtime", "schemas", "trainer"}
+    for path in (Path(__file__).resolve().parents[2] / "trainer").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                top = name.split(".")[0]
+                assert top not in rooms - allowed, f"{path.name} imports {name}"
