@@ -63,23 +63,22 @@ def my_partitions(partitions: list[int], slot: int, slots: int) -> list[int]:
 def _starts(consumer: Consumer, opts: ConsumeOptions, mine: list[int],
             progress: Progress) -> dict[int, tuple[int, set[int]]]:
     """Each partition's first offset and the offsets to skip: the trainer's
-    progress (a loaded checkpoint, or earlier epochs) where it has one, else the
-    group's commit, else the start of the log."""
+    progress (a loaded checkpoint, or what this process consumed before) or the
+    group's commit, whichever is further (a persistent worker's copy of the
+    progress is as old as the worker), else the start of the log."""
     starts: dict[int, tuple[int, set[int]]] = {}
-    unknown = []
-    for p in mine:
-        known = progress.start(p)
-        if known is None:
-            unknown.append(TopicPartition(opts.topic, p))
-        else:
-            starts[p] = known
-    for tp in consumer.committed(unknown, timeout=METADATA_TIMEOUT_S) if unknown else []:
-        if tp.offset < 0:  # nothing committed yet: a new job reads from the start
+    committed = consumer.committed([TopicPartition(opts.topic, p) for p in mine], timeout=METADATA_TIMEOUT_S)
+    for tp in committed:
+        known = progress.start(tp.partition)
+        if known is not None and known[0] >= tp.offset:
+            starts[tp.partition] = known
+        elif tp.offset >= 0:
+            skip = set() if known is None else {o for o in known[1] if o >= tp.offset}
+            starts[tp.partition] = (tp.offset, skip)
+        else:  # nothing committed yet: a new job reads from the start
             low, _high = consumer.get_watermark_offsets(TopicPartition(opts.topic, tp.partition),
                                                         timeout=METADATA_TIMEOUT_S)
             starts[tp.partition] = (low, set())
-        else:
-            starts[tp.partition] = (tp.offset, set())
     return starts
 
 

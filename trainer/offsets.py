@@ -54,6 +54,9 @@ class Progress:
         """Mark the offsets behind these samples consumed."""
         for pos in positions:
             part = self._partitions.setdefault(pos.partition, _Partition(pos.origin))
+            if pos.origin > part.next_offset:  # the worker began at a later commit: all below it is consumed
+                part.next_offset = pos.origin
+                part.consumed = {o for o in part.consumed if o >= pos.origin}
             part.consumed.update(range(max(pos.first, part.next_offset), pos.last + 1))
             while part.next_offset in part.consumed:
                 part.consumed.discard(part.next_offset)
@@ -65,16 +68,19 @@ class Progress:
                 if part.committed != part.next_offset]
 
     def committed(self, offsets: Iterable[TopicPartition]) -> None:
+        """Kafka has these commits (from :meth:`to_commit`)."""
         for tp in offsets:
             self._partitions[tp.partition].committed = tp.offset
 
     def state(self, topic: str, group_id: str) -> OnlineLoaderState:
+        """The checkpointable position (``ReadyStream.state_dict``)."""
         return OnlineLoaderState(topic=topic, group_id=group_id, partitions=[
             PartitionPosition(partition=p, next_offset=part.next_offset, consumed=sorted(part.consumed))
             for p, part in sorted(self._partitions.items())])
 
     @classmethod
     def from_state(cls, state: OnlineLoaderState) -> Progress:
+        """Resume where :meth:`state` was taken."""
         progress = cls()
         for pos in state.partitions:
             progress._partitions[pos.partition] = _Partition(pos.next_offset, set(pos.consumed))

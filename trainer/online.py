@@ -29,6 +29,9 @@ until the job restarts.
   after that state was taken repeat.
 - A ready event the sink re-announced (same ``event_id``) is delivered once per
   worker within the last ``dedupe_window`` events.
+- Each epoch (``iter(loader)``) starts where the job is: the trainer's progress
+  or the group's commit, whichever is further, so persistent workers, whose copy
+  of the stream is as old as they are, go on from the last ``commit``.
 Memory is bounded by the shuffle buffer (events and masks, not hidden states)
 and the DataLoader's prefetch, never by the stream.
 """

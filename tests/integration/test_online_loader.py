@@ -100,3 +100,37 @@ def test_a_ready_event_without_its_shard_fails_clearly(tmp_path: Path, kafka: Ka
         for batch in loader:
             got += batch["request_ids"]
     assert got == [e.request_id for e in events[:2]]  # the batches before the missing shard came through
+
+
+def test_a_second_epoch_of_persistent_workers_reads_only_what_came_since(tmp_path: Path, kafka: KafkaSettings) -> None:
+    """Persistent workers keep the stream as it was when they started; the job's
+    commits tell them where the first epoch ended."""
+    events = write_training_dataset(tmp_path / "ds", TrainingDataSpec(samples=16), partitions=2)
+    settings = fresh_topic_settings(partitions=2)
+    ensure_topics(kafka, settings, [settings.ready])
+    producer = Producer(producer_config(kafka))
+
+    def publish(batch: list[HiddenStatesReady]) -> None:
+        for i, event in enumerate(batch):
+            producer.produce(settings.ready, event.model_dump_json().encode(), partition=i % 2)
+        assert producer.flush(60) == 0
+
+    publish(events[:10])
+    group = f"job-{uuid.uuid4().hex}"
+    stream = ReadyStream(kafka.bootstrap, tmp_path / "ds", group, topic=settings.ready, shuffle_buffer=3,
+                         until_end=True)
+    # Resumed from a checkpoint at the start: the workers' copy of that position goes stale in epoch 1.
+    stream.load_state_dict({"topic": settings.ready, "group_id": group, "partitions": [
+        {"partition": 0, "next_offset": 0}, {"partition": 1, "next_offset": 0}]})
+    loader = DataLoader(stream, batch_size=2, num_workers=2, persistent_workers=True,
+                        collate_fn=PaddedCollate(torch.float32))
+    epochs = []
+    for later in (events[10:], []):
+        seen = []
+        for batch in loader:
+            seen += batch["request_ids"]
+            stream.commit(batch)
+        epochs.append(sorted(seen))
+        publish(later)
+    stream.close()
+    assert epochs == [sorted(e.request_id for e in events[:10]), sorted(e.request_id for e in events[10:])]

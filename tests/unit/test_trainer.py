@@ -158,3 +158,11 @@ def test_trainer_imports_only_the_rooms_below_it() -> None:
             for name in names:
                 top = name.split(".")[0]
                 assert top not in rooms - allowed, f"{path.name} imports {name}"
+
+
+def test_progress_follows_a_worker_that_began_at_a_later_commit() -> None:
+    progress = Progress.from_state(OnlineLoaderState(topic="t", group_id="g", partitions=[]))
+    progress.consume([Position(0, 0, 0, 1)])
+    progress.consume([Position(0, 10, 12, 12)])  # a later epoch's worker, resumed at the commit 10
+    state = progress.state("t", "g").partitions[0]
+    assert (state.next_offset, state.consumed) == (10, [12])
