@@ -72,3 +72,26 @@ def test_token_freq_equals_speculators(side_by_side: tuple[Path, Path, Path]) ->
     assert ours == torch.load(theirs / "token_freq.pt", weights_only=True)
     metadata = json.loads((export / "hsx_export.json").read_text())
     assert sum(ours.values()) == metadata["supervised_tokens"] > 0
+
+
+def test_the_printed_train_command_is_accepted(tmp_path: Path, cache_dir: Path) -> None:
+    """``speculators train`` with the command ``hsx export`` prints (a small draft
+    vocabulary, a dry run: CPUs cannot train it) builds the vocabulary mapping
+    from token_freq.pt and a draft fed by the chosen aux layers in their order."""
+    from hsx import models
+    from trainer.export import train_command
+
+    tiny = models.prepare(cache_dir, names=["tiny-llama"])["tiny-llama"]
+    config = json.loads((tiny / "config.json").read_text())
+    write_training_dataset(tmp_path / "ds", TrainingDataSpec(
+        samples=12, hidden_size=config["hidden_size"], vocab=config["vocab_size"], model=str(tiny)))
+    metadata = export_speculators(tmp_path / "ds", tmp_path / "export", layers=AUX)
+    argv = train_command(tmp_path / "export", metadata).split()
+    argv[argv.index("--draft-vocab-size") + 1] = "200"
+    argv[0] = str(SPECULATORS_PY.with_name("speculators"))
+    run = subprocess.run([*argv, "--dry-run", "--save-path", str(tmp_path / "draft")], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (tmp_path / "export" / "d2t-200.npy").exists() and (tmp_path / "export" / "t2d-200.npy").exists()
+    draft = json.loads((tmp_path / "draft" / "config.json").read_text())
+    assert draft["eagle_aux_hidden_state_layer_ids"] == AUX and draft["draft_vocab_size"] == 200
