@@ -92,8 +92,9 @@ def _event(message: Message) -> HiddenStatesReady:
 
 def consume(opts: ConsumeOptions, shards: ShardHandles, progress: Progress, slot: int,
             slots: int) -> Iterator[TrainingSample]:
-    """Yield this slot's samples until ``idle_timeout`` passes without a record
-    (forever when None); then the buffer is emptied, in random order."""
+    """Yield this slot's samples until ``idle_timeout`` passes without a record,
+    or with ``until_end`` until every partition is caught up (else for ever);
+    then the buffer is emptied, in random order."""
     consumer = Consumer(consumer_config(opts.kafka, opts.group_id))
     try:
         try:
