@@ -346,18 +346,20 @@ def sink_scale_section(r: dict[str, Any]) -> list[str]:
         f"{_fmt(g('sink_scale_samples_per_shard'))} to a shard) built through the sink's own write path for one "
         "partition, then `hsx sink` started on it twice (a consumer group of its own each time): the first start "
         "reads each shard's key file and writes the partition's roll-up, the second reads the roll-up. *Load* is "
-        "what the assignment spends on the dataset (`hsx_sink_partition_load_seconds`); *start → ready* runs from "
-        "the process's start to `/readyz` answering, mostly interpreter start and joining the group, as the empty "
-        "row shows. RSS is the sink's once ready; growth is per stored sample over the empty dataset's (at 10,000 "
-        "samples it is within the noise of RSS).",
+        "what the assignment spends on the dataset (`hsx_sink_partition_load_seconds`); *start → assigned* runs from "
+        "the process's start to its first assignment (interpreter start and joining the group, the same with an "
+        "empty dataset), *start → ready* to `/readyz` answering, which asks the consumer for its assignment and can "
+        "lag it by many seconds on the embedded broker. RSS is the sink's once ready; growth is per stored sample "
+        "over the empty dataset's (at 10,000 samples it is within the noise of RSS).",
         "",
-        "| samples stored | build s | load s (1st / 2nd start) | start → ready s (1st / 2nd) | RSS MiB | "
-        "RSS growth B/sample |",
-        "|---|---|---|---|---|---|",
+        "| samples stored | build s | load s (1st / 2nd start) | start → assigned s (1st / 2nd) | "
+        "start → ready s (1st / 2nd) | RSS MiB | RSS growth B/sample |",
+        "|---|---|---|---|---|---|---|",
     ]
     for shown, label in rows:
         k = f"sink_scale_{label}_"
         lines.append(f"| {shown} | {_fmt(g(k + 'build_s'))} | {_fmt(g(k + 'first_load_s'))} / {_fmt(g(k + 'load_s'))} | "
+                     f"{_fmt(g(k + 'first_assigned_s'))} / {_fmt(g(k + 'assigned_s'))} | "
                      f"{_fmt(g(k + 'first_ready_s'))} / {_fmt(g(k + 'ready_s'))} | {_fmt(g(k + 'rss_mb'))} | "
                      f"{_fmt(r.get(k + 'rss_bytes_per_sample'))} |")
     lines += [

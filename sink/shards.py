@@ -100,7 +100,8 @@ class OpenShard:
 
 
 def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[HiddenStatesReady]:
-    """Write the shard, then its index, each durably; return the ready events."""
+    """Write the shard, then its key file, then its index (which makes it part of
+    the dataset), each durably; return the ready events."""
     stem = shard.stem
     shard_path = f"{SHARDS}/{stem}.safetensors"
     tensors: dict[str, torch.Tensor] = {}
@@ -191,7 +192,9 @@ def remove_orphans(storage: Storage, prefix: str, last_indexed: str | None) -> l
     one): a crash after writing them and before their index. Only there can a
     crash leave them (a partition's shards are written in name order, and each
     assignment cleans up before writing), so only there is listed. Their records
-    were never committed, so they come back on replay."""
+    were never committed, so they come back on replay. (Should a name before the
+    last index ever be left unindexed, readers never see it, as they go by the
+    indexes, and the replay of its records writes the same name again.)"""
     after = last_indexed or ""
     orphans = [f"{folder}/{stem}{suffix}" for folder, suffix in ((SHARDS, ".safetensors"), (KEYS, ".keys"))
                for stem in partition_stems(storage, folder, prefix, suffix, after)]
@@ -201,12 +204,13 @@ def remove_orphans(storage: Storage, prefix: str, last_indexed: str | None) -> l
 
 
 def stored_token_ids(storage: Storage, event: HiddenStatesReady) -> list[int]:
-    """The token ids of a sample already in the dataset."""
+    """The token ids of a sample already in the dataset (read once per shard, to
+    build a key file the shard does not have yet)."""
     return _open_shard(str(storage.local_path(event.shard))).get_tensor(event.tensors.token_ids).tolist()
 
 
 @lru_cache(maxsize=4)
 def _open_shard(path: str):  # type: ignore[no-untyped-def]
-    # Only duplicates look samples up, and a replay meets them shard after shard:
-    # keeping the last few open spares re-reading a large header per sample.
+    # Building a key file reads every sample of one shard: keeping the last few
+    # open spares re-reading a large header per sample.
     return safe_open(path, framework="pt")
