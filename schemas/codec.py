@@ -19,14 +19,18 @@ from __future__ import annotations
 import struct
 import threading
 import zlib
+from typing import TypeVar
+
 from typing_extensions import Buffer
 
 import numpy as np
 import orjson
 import zstandard
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from schemas.blocks import BlockHeader, Codec, DType, Segment
+
+H = TypeVar("H", bound=BaseModel)
 
 MAGIC = b"HSXB"
 _PREFIX = struct.Struct("<4sI")
@@ -89,8 +93,7 @@ def encode_block(
         checksum=checksum(view),
         segments=segments,
     )
-    header_bytes = header.model_dump_json().encode()
-    return b"".join([_PREFIX.pack(MAGIC, len(header_bytes)), header_bytes, *parts])
+    return frame(MAGIC, header, parts)
 
 
 def _compress(
@@ -103,34 +106,55 @@ def _compress(
     else:
         # One transposing copy: row i holds byte i of every element.
         planes = list(np.frombuffer(view, dtype=np.uint8).reshape(-1, itemsize).T.copy())
-    segments, parts = [], []
-    compressor = _compressor(level)
-    for plane in planes:
-        packed = compressor.compress(plane)
-        if len(packed) < memoryview(plane).nbytes:
-            segments.append(Segment(encoding="zstd", nbytes=len(packed)))
-            parts.append(packed)
-        else:
-            segments.append(Segment(encoding="raw", nbytes=memoryview(plane).nbytes))
-            parts.append(plane)
-    return segments, parts
+    packed = [pack_segment(plane, level) for plane in planes]
+    return [segment for segment, _ in packed], [part for _, part in packed]
+
+
+def pack_segment(plane: Buffer, level: int = DEFAULT_LEVEL) -> tuple[Segment, Buffer]:
+    """One payload segment: ``plane`` zstd-compressed, or as it is where that
+    would not shrink it."""
+    packed = _compressor(level).compress(plane)
+    if len(packed) < memoryview(plane).nbytes:
+        return Segment(encoding="zstd", nbytes=len(packed)), packed
+    return Segment(encoding="raw", nbytes=memoryview(plane).nbytes), plane
+
+
+def unpack_segment(chunk: memoryview, segment: Segment, size: int) -> bytes:
+    """The ``size`` bytes a segment holds (its own copy); :class:`CorruptBlock` if
+    it holds any other number or does not decompress."""
+    if segment.encoding == "raw":
+        _check_raw(chunk, size)
+        return bytes(chunk)
+    return _decompress(chunk, size)
 
 
 def read_header(value: Buffer) -> tuple[BlockHeader, memoryview]:
     """Parse and validate a record's header; returns it with the payload view."""
+    return read_frame(value, MAGIC, BlockHeader, "block record")
+
+
+def read_frame(value: Buffer, magic: bytes, model: type[H], what: str) -> tuple[H, memoryview]:
+    """Parse ``magic | u32 header length | JSON header | payload``, the framing of
+    block records and of fp8 samples, validating the header as ``model``."""
     view = memoryview(value).cast("B")
     if view.nbytes < _PREFIX.size:
-        raise CorruptBlock(f"block record of {view.nbytes} bytes is shorter than its prefix")
-    magic, header_len = _PREFIX.unpack_from(view)
-    if magic != MAGIC:
-        raise CorruptBlock(f"not a block record (magic {bytes(magic)!r})")
+        raise CorruptBlock(f"{what} of {view.nbytes} bytes is shorter than its prefix")
+    found, header_len = _PREFIX.unpack_from(view)
+    if found != magic:
+        raise CorruptBlock(f"not a {what} (magic {bytes(found)!r})")
     if header_len > MAX_HEADER_BYTES or _PREFIX.size + header_len > view.nbytes:
-        raise CorruptBlock(f"header length {header_len} exceeds the record")
+        raise CorruptBlock(f"header length {header_len} exceeds the {what}")
     try:
-        header = BlockHeader.model_validate(orjson.loads(view[_PREFIX.size : _PREFIX.size + header_len]), strict=False)
+        header = model.model_validate(orjson.loads(view[_PREFIX.size : _PREFIX.size + header_len]), strict=False)
     except (orjson.JSONDecodeError, ValidationError) as exc:
-        raise CorruptBlock(f"invalid block header: {exc}") from exc
+        raise CorruptBlock(f"invalid {what.split()[0]} header: {exc}") from exc
     return header, view[_PREFIX.size + header_len :]
+
+
+def frame(magic: bytes, header: BaseModel, parts: list[Buffer]) -> bytes:
+    """``magic | u32 header length | JSON header | parts``: one record's bytes."""
+    header_bytes = header.model_dump_json().encode()
+    return b"".join([_PREFIX.pack(magic, len(header_bytes)), header_bytes, *parts])
 
 
 def decode_block(value: Buffer) -> tuple[BlockHeader, bytes]:

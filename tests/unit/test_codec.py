@@ -98,19 +98,6 @@ def test_shape_must_match_bytes() -> None:
         encode_block(b"\0" * 10, shape=(1, 1, 4), dtype=DType.FLOAT32, token_start=0)
 
 
-@pytest.fixture(scope="module")
-def real_hidden_states() -> torch.Tensor:
-    """SmolLM2's hidden states (HF transformers, float32) on a short text."""
-    from transformers import AutoTokenizer
-
-    from hsx import models
-    from hsx.reference import HFReference
-
-    path = models.prepare(names=["smollm2-135m-instruct"])["smollm2-135m-instruct"]
-    ids = AutoTokenizer.from_pretrained(path)("Hidden states of a real model compress better than noise.")["input_ids"]
-    return HFReference(path).hidden_states(ids, [2, 15, 27, 30])
-
-
 @pytest.mark.parametrize("dtype", list(DType))
 @pytest.mark.parametrize("codec", list(Codec))
 def test_round_trip_is_bit_exact_on_real_hidden_states(real_hidden_states: torch.Tensor, dtype: DType,

@@ -1,0 +1,165 @@
+"""Dataset codecs: how one sample's ``[tokens, layers, hidden]`` hidden states may
+be stored in a shard. These are pure functions, so the sink can call them to
+write and every reader can call them to read.
+
+* ``raw``: the little-endian bytes themselves. Any safetensors reader loads them.
+* ``byteplane-zstd``: one or more block records (:mod:`schemas.codec`) back to
+  back. The sink can keep the records as they arrived, with no re-encode, because
+  each record says how long it is. Lossless; each block's CRC-32 is checked on read.
+* ``fp8``: E4M3 codes with a power-of-two scale per token and layer
+  (:mod:`schemas.fp8`, which documents the error bound), framed as
+  ``b"HSX8" | u32 header length | JSON Fp8Header | scales | codes``.
+* ``fp8-zstd``: the same frame with each part zstd-compressed. Plain zstd, not
+  byte planes: fp8 elements are one byte wide. On SmolLM2 states, splitting them
+  into nibble planes gained less than raising zstd's level (``bench.dataset_codecs``).
+
+fp8 frames carry a CRC-32 of the scales followed by the codes, so a damaged
+payload fails with :class:`~schemas.codec.CorruptBlock` and never turns into
+wrong numbers.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+from typing_extensions import Buffer
+
+from schemas.blocks import BlockHeader, Checksum, Codec, DType, Segment
+from schemas.codec import (
+    MAGIC,
+    CorruptBlock,
+    checksum,
+    decode_block,
+    encode_block,
+    frame,
+    pack_segment,
+    read_frame,
+    unpack_segment,
+)
+from schemas.common import PositiveInt, StrictModel
+from schemas.fp8 import from_fp8, narrow, to_fp8, widen
+
+FP8_MAGIC = b"HSX8"
+FP8_ZSTD_LEVEL = 3
+"""zstd's level for fp8 codes. Level 3 shrank SmolLM2's codes 1.62x against 1.38x at
+level 1, while still encoding well above the sink's rate (``bench.dataset_codecs``)."""
+
+
+class DatasetCodec(str, Enum):
+    """How a shard stores a sample's hidden states."""
+
+    RAW = "raw"
+    BYTEPLANE_ZSTD = "byteplane-zstd"
+    FP8 = "fp8"
+    FP8_ZSTD = "fp8-zstd"
+
+    @property
+    def lossless(self) -> bool:
+        """Whether decoding gives back the very bytes that were encoded."""
+        return self in (DatasetCodec.RAW, DatasetCodec.BYTEPLANE_ZSTD)
+
+
+class Fp8Header(StrictModel):
+    """The header of an fp8 sample: enough to verify and dequantize it alone."""
+
+    codec_version: Literal[1] = 1
+    codec: Literal["fp8", "fp8-zstd"]
+    dtype: DType
+    """The element type the sample had and decodes back to."""
+    shape: tuple[PositiveInt, PositiveInt, PositiveInt]
+    scaling: Literal["pow2-amax/448"] = "pow2-amax/448"
+    """One float32 scale per token and layer, ``amax / 448`` rounded up to a power of two."""
+    checksum: Checksum
+    """Of the raw scales bytes followed by the raw codes bytes."""
+    segments: list[Segment] = Field(min_length=2, max_length=2)
+    """The scales (``[tokens, layers]`` little-endian float32), then the codes."""
+
+
+Shape = tuple[int, int, int]
+
+
+def encode_sample(raw: Buffer, *, shape: Shape, dtype: DType, codec: DatasetCodec,
+                  level: int | None = None) -> bytes:
+    """Encode the raw little-endian bytes of one sample's ``[tokens, layers,
+    hidden]`` hidden states of ``dtype``. ``level`` is zstd's (defaults per codec)."""
+    codec = DatasetCodec(codec)
+    expected = int(np.prod(shape)) * dtype.itemsize
+    if memoryview(raw).nbytes != expected:
+        raise ValueError(f"{memoryview(raw).nbytes} raw bytes do not match shape {tuple(shape)} of {dtype.value}")
+    if codec is DatasetCodec.RAW:
+        return bytes(raw)
+    if codec is DatasetCodec.BYTEPLANE_ZSTD:
+        return encode_block(raw, shape=shape, dtype=dtype, token_start=0, codec=Codec.BYTEPLANE_ZSTD,
+                            **({} if level is None else {"level": level}))
+    codes, scales = to_fp8(widen(raw, shape, dtype))
+    parts: list[Buffer] = [scales.astype("<f4").tobytes(), codes.tobytes()]
+    if codec is DatasetCodec.FP8_ZSTD:
+        packed = [pack_segment(part, FP8_ZSTD_LEVEL if level is None else level) for part in parts]
+    else:
+        packed = [(Segment(encoding="raw", nbytes=len(part)), part) for part in parts]
+    header = Fp8Header(codec=codec.value, dtype=dtype, shape=shape, checksum=checksum(b"".join(parts)),
+                       segments=[segment for segment, _ in packed])
+    return frame(FP8_MAGIC, header, [part for _, part in packed])
+
+
+def decode_sample(payload: Buffer, *, shape: Shape, dtype: DType, codec: DatasetCodec) -> bytes:
+    """The raw little-endian bytes of ``dtype`` of a sample stored with ``codec``:
+    the original bytes for the lossless codecs, dequantized values for fp8. Raises
+    :class:`~schemas.codec.CorruptBlock` when the payload is damaged or does not
+    hold ``shape``."""
+    codec = DatasetCodec(codec)
+    if codec is DatasetCodec.RAW:
+        expected = int(np.prod(shape)) * dtype.itemsize
+        if memoryview(payload).nbytes != expected:
+            raise CorruptBlock(f"raw sample of {memoryview(payload).nbytes} bytes, shape {tuple(shape)} of "
+                               f"{dtype.value} needs {expected}")
+        return bytes(payload)
+    if codec is DatasetCodec.BYTEPLANE_ZSTD:
+        return _decode_records(payload, tuple(shape), dtype)
+    codes, scales = read_fp8(payload, shape)
+    return narrow(from_fp8(codes, scales), dtype).tobytes()
+
+
+def read_fp8(payload: Buffer, shape: Shape | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """An fp8 sample's verified ``(codes [T, L, H] uint8, scales [T, L] float32)``,
+    for readers that keep fp8 (e.g. an fp8 export) rather than dequantize."""
+    header, body = read_frame(payload, FP8_MAGIC, Fp8Header, "fp8 sample")
+    if shape is not None and header.shape != tuple(shape):
+        raise CorruptBlock(f"fp8 sample holds shape {header.shape}, expected {tuple(shape)}")
+    if sum(s.nbytes for s in header.segments) != body.nbytes:
+        raise CorruptBlock(f"fp8 payload is {body.nbytes} bytes, header says {sum(s.nbytes for s in header.segments)}")
+    tokens, layers, hidden = header.shape
+    sizes = (tokens * layers * 4, tokens * layers * hidden)
+    split = header.segments[0].nbytes
+    scales_bytes = unpack_segment(body[:split], header.segments[0], sizes[0])
+    codes_bytes = unpack_segment(body[split:], header.segments[1], sizes[1])
+    actual = checksum(scales_bytes + codes_bytes)
+    if actual != header.checksum:
+        raise CorruptBlock(f"fp8 checksum mismatch: {actual} != {header.checksum}")
+    scales = np.frombuffer(scales_bytes, dtype="<f4").astype(np.float32).reshape(tokens, layers)
+    return np.frombuffer(codes_bytes, dtype=np.uint8).reshape(header.shape), scales
+
+
+def _decode_records(payload: Buffer, shape: Shape, dtype: DType) -> bytes:
+    """Block records back to back, tiling the sample's tokens from 0 in order."""
+    view = memoryview(payload).cast("B")
+    parts, offset, tokens = [], 0, 0
+    while offset < view.nbytes:
+        # A record's length is its prefix and header plus the segments its header lists.
+        header, body = read_frame(view[offset:], MAGIC, BlockHeader, "block record")
+        length = view.nbytes - offset - body.nbytes + sum(s.nbytes for s in header.segments)
+        if length > view.nbytes - offset:
+            raise CorruptBlock(f"block record at byte {offset} runs past the sample's end")
+        header, raw = decode_block(view[offset : offset + length])
+        if header.dtype is not dtype or header.shape[1:] != shape[1:] or header.token_start != tokens:
+            raise CorruptBlock(f"block record at byte {offset} holds tokens [{header.token_start}, "
+                               f"{header.token_end}) of {header.shape[1:]} {header.dtype.value}, expected tokens "
+                               f"from {tokens} of {shape[1:]} {dtype.value}")
+        parts.append(raw)
+        tokens, offset = header.token_end, offset + length
+    if tokens != shape[0]:
+        raise CorruptBlock(f"block records hold {tokens} tokens, the sample has {shape[0]}")
+    return b"".join(parts)
