@@ -4,6 +4,9 @@ The cache is ``[num_blocks, num_layers, block_size, hidden]``; token ``t`` of a
 request lives in block ``block_ids[t // block_size]`` at slot ``t % block_size``.
 One advanced-indexing op gathers ``[num_tokens, num_layers, hidden]`` (the two
 indices are separated by a slice, so the indexed dimension comes first).
+
+Only torch is imported (and :mod:`extractor.connector.fp8`), so this module runs
+where vLLM is absent: ``bench/gpu_check.py`` checks it on a bare GPU host.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from extractor.connector.fp8 import quantize
 
 
 def gather_index(block_ids: list[int], num_tokens: int, block_size: int,
@@ -28,10 +33,13 @@ class Gathered:
     """Hidden states on the host, possibly still being copied (CUDA)."""
 
     tensor: torch.Tensor
-    """``[num_tokens, num_layers, hidden]``, contiguous, in host memory."""
+    """``[num_tokens, num_layers, hidden]``, contiguous, in host memory: the cache's
+    dtype, or uint8 E4M3FN codes when gathered as fp8."""
     event: torch.cuda.Event | None = None
     release: Callable[[], None] | None = None
     """Pinned buffer to give back to its pool once the bytes are encoded."""
+    scales: torch.Tensor | None = None
+    """fp8 only: the ``[num_tokens, num_layers]`` float32 scales (``schemas.fp8``)."""
 
     def wait(self) -> torch.Tensor:
         """Block until the device-to-host copy finished; returns the tensor."""
@@ -40,11 +48,19 @@ class Gathered:
         return self.tensor
 
 
+def gather_rows(cache: torch.Tensor, block_ids: list[int], num_tokens: int, block_size: int,
+                first: int = 0) -> torch.Tensor:
+    """The rows ``[first, num_tokens)`` as one new tensor on the cache's device."""
+    blocks, slots = gather_index(block_ids, num_tokens, block_size, first)
+    if cache.device.type != "cpu":
+        blocks, slots = blocks.to(cache.device, non_blocking=True), slots.to(cache.device, non_blocking=True)
+    return cache[blocks, :, slots]
+
+
 def gather_cpu(cache: torch.Tensor, block_ids: list[int], num_tokens: int, block_size: int,
                first: int = 0) -> Gathered:
     """CPU backend: the gather is itself the one copy into a fresh tensor."""
-    blocks, slots = gather_index(block_ids, num_tokens, block_size, first)
-    return Gathered(cache[blocks, :, slots])
+    return Gathered(gather_rows(cache, block_ids, num_tokens, block_size, first))
 
 
 class PinnedPool:
@@ -74,24 +90,34 @@ class PinnedPool:
 class CudaGatherer:
     """CUDA backend: gather on a side stream (ordered after the forward pass that
     wrote the cache), copy into a pinned host buffer, and record an event the
-    sender thread waits on; the engine's own stream never waits for us."""
+    sender thread waits on; the engine's own stream never waits for us.
+
+    With ``fp8=True`` the rows are quantized on the device before the copy
+    (:func:`extractor.connector.fp8.quantize`), which halves the bytes over PCIe
+    for bf16 caches; the codes and scales land in pinned buffers of their own."""
 
     def __init__(self, cache: torch.Tensor) -> None:
         self._stream = torch.cuda.Stream(device=cache.device)
-        self._pool = PinnedPool(cache.dtype)
+        self._pools = {dtype: PinnedPool(dtype) for dtype in (cache.dtype, torch.uint8, torch.float32)}
 
     def gather(self, cache: torch.Tensor, block_ids: list[int], num_tokens: int, block_size: int,
-               first: int = 0) -> Gathered:
-        blocks, slots = gather_index(block_ids, num_tokens, block_size, first)
-        _, layers, _, hidden = cache.shape
-        rows = num_tokens - first
-        numel = rows * layers * hidden
-        buffer = self._pool.take(numel)
-        host = buffer[:numel].view(rows, layers, hidden)
+               first: int = 0, *, fp8: bool = False) -> Gathered:
         self._stream.wait_stream(torch.cuda.current_stream(cache.device))
         with torch.cuda.stream(self._stream):
-            device_rows = cache[blocks.to(cache.device, non_blocking=True), :, slots.to(cache.device, non_blocking=True)]
-            host.copy_(device_rows, non_blocking=True)
+            device_rows = gather_rows(cache, block_ids, num_tokens, block_size, first)
+            parts = quantize(device_rows) if fp8 else (device_rows,)
+            taken = []  # (pool, buffer) per part, handed back together by release()
+            for part in parts:
+                pool = self._pools[part.dtype]
+                buffer = pool.take(part.numel())
+                taken.append((pool, buffer))
+                buffer[: part.numel()].view(part.shape).copy_(part, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self._stream)
-        return Gathered(host, event, release=lambda: self._pool.give_back(buffer))
+        hosts = [buffer[: part.numel()].view(part.shape) for (_, buffer), part in zip(taken, parts)]
+
+        def release() -> None:
+            for pool, buffer in taken:
+                pool.give_back(buffer)
+
+        return Gathered(hosts[0], event, release=release, scales=hosts[1] if fp8 else None)
