@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import statistics
@@ -28,6 +27,7 @@ import uuid
 from pathlib import Path
 
 from bench.files_connector import wait_written
+from bench import section
 from bench.prompts import prompt_of_length, workload
 from extractor.completion import CompletionReceiver
 from extractor.engine import Engine, EngineOptions, default_layer_ids, engine_args, text_config
@@ -238,15 +238,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, one round (a smoke check)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, help="also write the results here as JSON (vLLM logs to stdout)")
-    args = parser.parse_args()
-    results = json.dumps(asyncio.run(main_async(args)), indent=2)
-    if args.out:
-        args.out.write_text(results + "\n")
-    print(results)
+    args = section.parser(__doc__).parse_args()
+    section.emit(asyncio.run(main_async(args)), args.out)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.extraction import omp_threads
+from bench import section
 from bench.prompts import demo_token_ids
 from extractor.completion import CompletionReceiver
 from extractor.engine import Engine, EngineOptions, default_layer_ids, engine_args, text_config
@@ -263,19 +264,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, one round (a smoke check)")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = section.parser(__doc__)
     parser.add_argument("--prompts", type=int, default=32, help="prompts per round (the demo's, at most 64)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt")
     parser.add_argument("--no-profile", dest="profile", action="store_false",
                         help="skip the extra batch per engine under the torch profiler")
-    parser.add_argument("--out", type=Path, help="also write the results here as JSON (vLLM logs to stdout)")
     args = parser.parse_args()
-    results = json.dumps(asyncio.run(main_async(args)), indent=2)
-    if args.out:
-        args.out.write_text(results + "\n")
-    print(results)
+    section.emit(asyncio.run(main_async(args)), args.out)
 
 
 if __name__ == "__main__":
