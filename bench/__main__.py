@@ -13,6 +13,8 @@ created under ``__main__`` and must not outlive their section):
   plain generation, with a profile of the decode steps.
 * ``bench.sink_scale``: the sink against a dataset of 1 M stored samples: RSS
   growth per sample, the assignment's load time, start to ready.
+* ``bench.dataset_codecs``: bytes per token and encode/decode speed of each
+  dataset codec (raw, byteplane-zstd, fp8, fp8-zstd), fp8's error per layer.
 
     python -m bench [--quick] [--preload iomp|none] [--only SECTION ...]
 """
@@ -37,7 +39,7 @@ from bench import report
 from extractor.cpu_defaults import cpu_list
 from hsx.dev.spawn import cpu_engine_env
 
-SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale"]
+SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale", "dataset_codecs"]
 ROOT = Path(__file__).resolve().parent.parent
 
 

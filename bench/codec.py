@@ -22,15 +22,20 @@ from schemas.codec import decode_block, encode_block
 BLOCK_BYTES = 1 << 20  # the extractor's default --block-bytes
 
 
-def smollm2_hidden_states() -> torch.Tensor:
-    """[tokens, layers, hidden] for the demo prompts, EAGLE-3 default layers."""
+def smollm2_samples() -> list[torch.Tensor]:
+    """[tokens, layers, hidden] per demo prompt (float32), EAGLE-3 default layers."""
     from transformers import AutoTokenizer
 
     path = models.prepare(names=["smollm2-135m-instruct"])["smollm2-135m-instruct"]
     reference = HFReference(path)
     layers = default_layer_ids(reference.num_layers)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return torch.cat([reference.hidden_states(ids, layers) for ids in demo_token_ids(tokenizer)])
+    return [reference.hidden_states(ids, layers) for ids in demo_token_ids(tokenizer)]
+
+
+def smollm2_hidden_states() -> torch.Tensor:
+    """[tokens, layers, hidden] for the demo prompts, one after another."""
+    return torch.cat(smollm2_samples())
 
 
 def block_tokens(hidden: torch.Tensor) -> int:

@@ -14,6 +14,9 @@ TARGETS = [
     ("vs_stock_files_ratio", 1.0, "hsx ÷ vLLM's one-safetensors-file-per-request connector"),
     ("codec_ratio_bf16", 1.45, "default codec ratio on bf16 SmolLM2 hidden states"),
     ("codec_mb_s_per_core", 250.0, "default codec MB/s on one core"),
+    ("dataset_byteplane_zstd_vs_raw_bf16", 1.5, "lossless dataset codec: raw bf16 ÷ byteplane-zstd bytes per sample"),
+    ("dataset_fp8_zstd_vs_raw_bf16", 2.5, "raw bf16 ÷ fp8-zstd bytes per sample"),
+    ("dataset_byteplane_zstd_decode_mb_s", 1000.0, "byteplane-zstd decode MB/s of bf16 output on one core"),
     ("e2e_ratio", 0.85, "producer → Kafka → extractor → sink ÷ extraction alone"),
     ("rss_growth_10_to_100pct", 1.10, "RSS at 100% ÷ at 10% of a 2,000-prompt run (at most)"),
     ("sink_scale_rss_bytes_per_sample", 64.0, "sink RSS growth per stored sample once ready, 1 M samples (at most)"),
@@ -58,6 +61,65 @@ def _ms(seconds: Any) -> str:
 def _getter(r: dict[str, Any]):  # type: ignore[no-untyped-def]
     """``r.get`` that shows a missing figure as a dash."""
     return lambda key: r.get(key, "–")
+
+
+DATASET_CODECS = ["raw", "byteplane-zstd", "fp8", "fp8-zstd", "fp8-zstd-3"]
+
+
+def _dataset_codecs(r: dict[str, Any]) -> list[str]:
+    """The dataset codecs table (``bench.dataset_codecs``)."""
+    g = _getter(r)
+    lines = [
+        "",
+        "## Dataset codecs (SmolLM2 hidden states, one sample per prompt, one core)",
+        "",
+        "`python -m bench.dataset_codecs`: what a shard would hold per token under each codec of "
+        "`schemas/dataset_codec.py`, on the *long* set "
+        f"({g('dataset_long_samples')} prompts of real text, {_fmt(g('dataset_long_tokens'))} tokens) and the "
+        f"*demo* set ({g('dataset_demo_samples')} chats, {_fmt(g('dataset_demo_tokens'))} tokens, "
+        f"{g('dataset_long_shape')} per token). Ratios are raw bf16 bytes ÷ the codec's bytes; "
+        "MB/s count the sample's own raw bytes (bf16 or float32).",
+        "",
+        "| source | codec | bytes/token (long) | × smaller than raw bf16 (long) | (demo) | encode MB/s | "
+        "decode MB/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for dtype in ("bf16", "f32"):
+        for codec in DATASET_CODECS:
+            long, demo = f"dataset_long_{dtype}_{codec}", f"dataset_demo_{dtype}_{codec}"
+            lines.append(f"| {dtype} | {codec} | {_fmt(g(f'{long}_bytes_per_token'))} | "
+                         f"{_fmt(g(f'{long}_vs_raw_bf16'))} | {_fmt(g(f'{demo}_vs_raw_bf16'))} | "
+                         f"{_fmt(g(f'{long}_encode_mb_s'))} | {_fmt(g(f'{long}_decode_mb_s'))} |")
+    errors = ", ".join(_fmt(r.get(f"dataset_long_bf16_fp8_rel_error_layer_{i}")) for i in range(4))
+    lines += [
+        "",
+        f"- **Per-sample limit.** The order-0 entropy of each sample's bytes allows at most "
+        f"{_fmt(g('dataset_long_bf16_byteplane_order0_bound_vs_raw_bf16'))}× for bf16's byte planes and "
+        f"{_fmt(g('dataset_long_bf16_fp8_order0_bound_vs_raw_bf16'))}× for fp8 codes plus scales (long set; demo "
+        f"{_fmt(g('dataset_demo_bf16_byteplane_order0_bound_vs_raw_bf16'))}× and "
+        f"{_fmt(g('dataset_demo_bf16_fp8_order0_bound_vs_raw_bf16'))}×). zstd gets within 1 % of both, so the 1.5× "
+        "and 2.5× targets are out of reach for any byte-wise coder that works one sample at a time on these "
+        f"states. The codec table's {_fmt(g('codec_ratio_bf16'))}× comes from 1 MiB blocks that span several "
+        "demo prompts, whose shared system-prompt states repeat. Per request, as the connector cuts blocks, the "
+        "figure is the per-sample one.",
+        f"- **fp8 error** (bf16 states, long set): ‖x′ − x‖ / ‖x‖ per layer {errors}; worst element that is "
+        f"normal after scaling {_fmt(g('dataset_long_bf16_fp8_max_rel_error_normal'))} (bound 2⁻⁴ = 0.0625); "
+        f"every element within the documented bound: {g('dataset_long_bf16_fp8_within_bound')}.",
+        f"- **fp8-zstd** is plain zstd of the codes: nibble planes compressed the codes "
+        f"{_fmt(g('dataset_long_bf16_fp8_nibble-zstd-1_codes_ratio'))}×, no better.",
+        f"- **Block decode, before and after issue 16** (1 MiB bf16 records, interleaved rounds in one process, "
+        f"thread CPU time): {_fmt(g('dataset_bf16_block_decode_before_mb_s'))} → "
+        f"{_fmt(g('dataset_bf16_block_decode_after_mb_s'))} MB/s bf16 "
+        f"({_fmt(g('dataset_f32_block_decode_before_mb_s'))} → {_fmt(g('dataset_f32_block_decode_after_mb_s'))} "
+        f"float32); with glibc mapping every large buffer afresh (`MALLOC_MMAP_THRESHOLD_=131072`) "
+        f"{_fmt(g('dataset_bf16_block_decode_mmap_before_mb_s'))} → "
+        f"{_fmt(g('dataset_bf16_block_decode_mmap_after_mb_s'))} bf16 "
+        f"({_fmt(g('dataset_f32_block_decode_mmap_before_mb_s'))} → "
+        f"{_fmt(g('dataset_f32_block_decode_mmap_after_mb_s'))} float32). The old decoder faulted in fresh "
+        "pages for every plane, so its speed depended on the allocator's state; the 623 MB/s published before "
+        "matches the second state. The new one reuses per-thread buffers.",
+    ]
+    return lines
 
 
 def render(r: dict[str, Any]) -> str:
@@ -182,6 +244,7 @@ def render(r: dict[str, Any]) -> str:
     lines.append(f"| byteplane-zstd-1 on float32 (what the CPU engine ships) | "
                  f"{_fmt(g('codec_f32_byteplane-zstd-1_ratio'))} | {_fmt(g('codec_f32_byteplane-zstd-1_encode_mb_s'))} | "
                  f"{_fmt(g('codec_f32_byteplane-zstd-1_decode_mb_s'))} |")
+    lines += _dataset_codecs(r)
     lines += [
         "",
         "## Pipeline: producer → Kafka → extractor → sink (separate processes)",

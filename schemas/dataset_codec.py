@@ -6,12 +6,12 @@ write and every reader can call them to read.
 * ``byteplane-zstd``: one or more block records (:mod:`schemas.codec`) back to
   back. The sink can keep the records as they arrived, with no re-encode, because
   each record says how long it is. Lossless; each block's CRC-32 is checked on read.
-* ``fp8``: E4M3 codes with a power-of-two scale per token and layer
+* ``fp8``: E4M3 codes with a float32 scale per token and layer
   (:mod:`schemas.fp8`, which documents the error bound), framed as
   ``b"HSX8" | u32 header length | JSON Fp8Header | scales | codes``.
 * ``fp8-zstd``: the same frame with each part zstd-compressed. Plain zstd, not
-  byte planes: fp8 elements are one byte wide. On SmolLM2 states, splitting them
-  into nibble planes gained less than raising zstd's level (``bench.dataset_codecs``).
+  byte planes: fp8 elements are one byte wide, and splitting them into nibble
+  planes gained nothing per sample on SmolLM2 states (``bench.dataset_codecs``).
 
 fp8 frames carry a CRC-32 of the scales followed by the codes, so a damaged
 payload fails with :class:`~schemas.codec.CorruptBlock` and never turns into
@@ -43,9 +43,9 @@ from schemas.common import PositiveInt, StrictModel
 from schemas.fp8 import from_fp8, narrow, to_fp8, widen
 
 FP8_MAGIC = b"HSX8"
-FP8_ZSTD_LEVEL = 3
-"""zstd's level for fp8 codes. Level 3 shrank SmolLM2's codes 1.62x against 1.38x at
-level 1, while still encoding well above the sink's rate (``bench.dataset_codecs``)."""
+FP8_ZSTD_LEVEL = 1
+"""zstd's level for fp8 codes. Per sample on SmolLM2, level 3 saved 0.2 % more and
+encoded about 4 % slower (``bench.dataset_codecs``)."""
 
 
 class DatasetCodec(str, Enum):
@@ -70,8 +70,8 @@ class Fp8Header(StrictModel):
     dtype: DType
     """The element type the sample had and decodes back to."""
     shape: tuple[PositiveInt, PositiveInt, PositiveInt]
-    scaling: Literal["pow2-amax/448"] = "pow2-amax/448"
-    """One float32 scale per token and layer, ``amax / 448`` rounded up to a power of two."""
+    scaling: Literal["amax/448"] = "amax/448"
+    """One float32 scale per token and layer: its largest magnitude ÷ 448."""
     checksum: Checksum
     """Of the raw scales bytes followed by the raw codes bytes."""
     segments: list[Segment] = Field(min_length=2, max_length=2)
@@ -143,23 +143,32 @@ def read_fp8(payload: Buffer, shape: Shape | None = None) -> tuple[np.ndarray, n
     return np.frombuffer(codes_bytes, dtype=np.uint8).reshape(header.shape), scales
 
 
-def _decode_records(payload: Buffer, shape: Shape, dtype: DType) -> bytes:
-    """Block records back to back, tiling the sample's tokens from 0 in order."""
+def split_records(payload: Buffer) -> list[memoryview]:
+    """Block records written back to back, one view each. A record's length is its
+    prefix and header plus the segments its header lists."""
     view = memoryview(payload).cast("B")
-    parts, offset, tokens = [], 0, 0
+    records, offset = [], 0
     while offset < view.nbytes:
-        # A record's length is its prefix and header plus the segments its header lists.
         header, body = read_frame(view[offset:], MAGIC, BlockHeader, "block record")
         length = view.nbytes - offset - body.nbytes + sum(s.nbytes for s in header.segments)
         if length > view.nbytes - offset:
             raise CorruptBlock(f"block record at byte {offset} runs past the sample's end")
-        header, raw = decode_block(view[offset : offset + length])
+        records.append(view[offset : offset + length])
+        offset += length
+    return records
+
+
+def _decode_records(payload: Buffer, shape: Shape, dtype: DType) -> bytes:
+    """Block records back to back, tiling the sample's tokens from 0 in order."""
+    parts, tokens = [], 0
+    for i, record in enumerate(split_records(payload)):
+        header, raw = decode_block(record)
         if header.dtype is not dtype or header.shape[1:] != shape[1:] or header.token_start != tokens:
-            raise CorruptBlock(f"block record at byte {offset} holds tokens [{header.token_start}, "
-                               f"{header.token_end}) of {header.shape[1:]} {header.dtype.value}, expected tokens "
-                               f"from {tokens} of {shape[1:]} {dtype.value}")
+            raise CorruptBlock(f"block record {i} holds tokens [{header.token_start}, {header.token_end}) of "
+                               f"{header.shape[1:]} {header.dtype.value}, expected tokens from {tokens} of "
+                               f"{shape[1:]} {dtype.value}")
         parts.append(raw)
-        tokens, offset = header.token_end, offset + length
+        tokens = header.token_end
     if tokens != shape[0]:
         raise CorruptBlock(f"block records hold {tokens} tokens, the sample has {shape[0]}")
     return b"".join(parts)
