@@ -1,6 +1,6 @@
 """fp8 (E4M3FN) quantization in torch, on whatever device the rows are on, so the
 connector can shrink hidden states before the device-to-host copy. It produces
-the same codes and power-of-two scales, bit for bit, as :func:`schemas.fp8.to_fp8`,
+the same codes and scales, bit for bit, as :func:`schemas.fp8.to_fp8`,
 which documents the scheme and its error bound; only torch is imported."""
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ def quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if rows.dim() != 3 or not rows.dtype.is_floating_point:
         raise ValueError(f"quantize takes float [tokens, layers, hidden] rows, not {rows.dtype} {tuple(rows.shape)}")
     values = rows.float()
-    mantissa, exponent = torch.frexp(values.abs().amax(dim=-1))
-    # The scale is built from its bits rather than with ldexp/pow, whose results are
-    # not guaranteed exact on every device; see schemas.fp8.scales_for.
-    k = torch.where(mantissa <= 0.875, exponent - 9, exponent - 8).clamp_(min=-126)
-    scales = ((k + 127) << 23).to(torch.int32).view(torch.float32)
-    inverse = ((127 - k) << 23).to(torch.int32).view(torch.float32)
-    codes = (values * inverse.unsqueeze(-1)).to(torch.float8_e4m3fn).view(torch.uint8)
+    # The same float32 operations in the same order as schemas.fp8.to_fp8. Full
+    # tensors as divisors keep true division: torch's CUDA kernel turns a scalar
+    # divisor into a product with its reciprocal, which rounds differently.
+    amax = values.abs().amax(dim=-1)
+    scales = (amax / torch.full_like(amax, 448.0)).clamp_(min=2.0**-126)
+    codes = (values / scales.unsqueeze(-1)).to(torch.float8_e4m3fn).view(torch.uint8)
     return codes, scales
