@@ -36,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +43,7 @@ import torch
 import zstandard
 
 from bench import codec as codec_bench
+from bench.stages import best
 from runtime.tensors import WIRE_DTYPES
 from schemas import DType
 from schemas.codec import decode_block, encode_block, read_header
@@ -51,16 +51,6 @@ from schemas.dataset_codec import DatasetCodec, decode_sample, encode_sample, sp
 from schemas.fp8 import error_bound, from_fp8, to_fp8, widen
 
 Sample = tuple[bytes, tuple[int, int, int]]
-
-
-def best(fn: Callable[[], object], repeats: int) -> float:
-    """The fastest of ``repeats`` runs, in seconds."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def byteplane_records(raw: bytes, shape: tuple[int, int, int], dtype: DType) -> bytes:
