@@ -96,9 +96,12 @@ class EmbeddedBroker:
     exit. Storage is in memory: a restart loses every topic.
     """
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1", advertised_port: int | None = None) -> None:
+        """``advertised_port``: the port clients are told to connect to, when
+        something (a proxy) forwards it to ``port``; by default ``port`` itself."""
         self.host = host
         self.port = port or free_port(host)
+        self.advertised_port = advertised_port or self.port
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -116,12 +119,11 @@ class EmbeddedBroker:
         return self._proc is not None and self._proc.poll() is None
 
     def start(self, timeout: float = 30.0) -> EmbeddedBroker:
-        url = f"tcp://{self.bootstrap}"
         cmd = [
             str(tansu_binary()),
             "broker",
-            "--listener-url", url,
-            "--advertised-listener-url", url,
+            "--listener-url", f"tcp://{self.bootstrap}",
+            "--advertised-listener-url", f"tcp://{self.host}:{self.advertised_port}",
             "--storage-engine", "memory://tansu/",
         ]
         log.info("starting embedded broker on %s", self.bootstrap)

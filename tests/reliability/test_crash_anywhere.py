@@ -34,13 +34,24 @@ MODEL = "smollm2-135m-instruct"
 PROMPTS = int(os.environ.get("HSX_RELIABILITY_PROMPTS", "240"))
 KILLS = int(os.environ.get("HSX_RELIABILITY_KILLS", "3"))
 SEED = int(os.environ.get("HSX_RELIABILITY_SEED", str(time.time_ns() % 10_000)))
+# Time limits scale with the workload. The uninterrupted run gets a generous
+# bound from the prompt count; the killed run, a multiple of what the
+# uninterrupted run took plus the cost of every restart (a SmolLM2 engine loads
+# in about a minute here).
+RESTART_S = 120.0
+UNINTERRUPTED_S = 300.0 + 2.0 * PROMPTS
+KILLED_FACTOR = 3.0
+
+
+def killed_run_limit(uninterrupted_s: float) -> float:
+    return KILLED_FACTOR * uninterrupted_s + 2 * KILLS * RESTART_S
 
 
 def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], workdir: Path,
-         kills: int, rng: random.Random) -> tuple[Path, list[dict[str, object]]]:
-    """One pipeline run; each service is killed ``kills`` times, each time at a
-    random moment 0.5-4 s after it became ready. Returns the dataset and where the
-    kills landed."""
+         kills: int, rng: random.Random, limit: float) -> tuple[Path, list[dict[str, object]], float]:
+    """One pipeline run within ``limit`` seconds; each service is killed ``kills``
+    times, each time at a random moment 0.5-4 s after it became ready. Returns the
+    dataset, where the kills landed and how long the run took."""
     topics = fresh_topics(kafka)
     publish(kafka, topics.prompts, as_records(prompts))
     output = workdir / "dataset"
@@ -73,8 +84,9 @@ def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], wo
     try:
         for service in services:
             service.start()
-        wait_until(lambda: len(index_counts(output)) >= len(prompts) and not any(left.values()), 900,
+        wait_until(lambda: len(index_counts(output)) >= len(prompts) and not any(left.values()), limit,
                    "every prompt in the dataset", tick=chaos)
+        took = time.monotonic() - started
         for service in services:
             service.wait_ready()  # a last restart may still be loading
             assert service.stop() == 0, service.log_tail()
@@ -83,7 +95,7 @@ def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], wo
             if service.exited() is None:
                 service.kill()
     check_exactly_once(kafka, topics, output, {str(p['request_id']) for p in prompts})
-    return output, landed
+    return output, landed, took
 
 
 def _landing(service: HsxService, output: Path, elapsed: float) -> dict[str, object]:
@@ -99,6 +111,7 @@ def _landing(service: HsxService, output: Path, elapsed: float) -> dict[str, obj
     return where
 
 
+@pytest.mark.timeout(UNINTERRUPTED_S + killed_run_limit(UNINTERRUPTED_S) + 600)
 def test_sigkill_extractor_and_sink_anywhere(kafka: KafkaSettings, tmp_path: Path) -> None:
     model = models.prepare(names=[MODEL])[MODEL]
     prompts = text_prompts(PROMPTS, "crash")
@@ -107,8 +120,10 @@ def test_sigkill_extractor_and_sink_anywhere(kafka: KafkaSettings, tmp_path: Pat
     for prompt in prompts[::8]:
         prompt["generation"] = {"max_tokens": 8, "ignore_eos": True}
     rng = random.Random(SEED)
-    reference, _ = _run(kafka, model, prompts, tmp_path / "uninterrupted", kills=0, rng=rng)
-    output, landed = _run(kafka, model, prompts, tmp_path / "killed", kills=KILLS, rng=rng)
+    reference, _, uninterrupted_s = _run(kafka, model, prompts, tmp_path / "uninterrupted", kills=0, rng=rng,
+                                         limit=UNINTERRUPTED_S)
+    output, landed, killed_s = _run(kafka, model, prompts, tmp_path / "killed", kills=KILLS, rng=rng,
+                                    limit=killed_run_limit(uninterrupted_s))
 
     assert Counter(k["service"] for k in landed) == {"extractor": KILLS, "sink": KILLS}
     expected, actual = open_dataset(reference), open_dataset(output)
@@ -122,7 +137,8 @@ def test_sigkill_extractor_and_sink_anywhere(kafka: KafkaSettings, tmp_path: Pat
     assert max(errors) <= 1e-5, max(errors)
     mid_work = [k for k in landed if k["service"] == "extractor" and k["prompts_in_flight"] > 0]
     record_figures("crash_anywhere", {
-        "seed": SEED, "prompts": PROMPTS, "generating_prompts": len(prompts[::8]), "kills": landed, "extractor_kills_with_prompts_in_flight": len(mid_work),
+        "seed": SEED, "prompts": PROMPTS, "generating_prompts": len(prompts[::8]), "kills": landed,
+        "uninterrupted_s": round(uninterrupted_s), "killed_s": round(killed_s), "extractor_kills_with_prompts_in_flight": len(mid_work),
         "lost": 0, "duplicated": 0, "max_relative_error_vs_uninterrupted": max(errors),
         "bit_identical_samples": identical,
     })
