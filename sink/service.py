@@ -245,9 +245,15 @@ class Sink:
                 if state.may_write(now):
                     self._close_shard(state)
         over = self._buffered() > self.options.max_buffer_bytes
-        if over != self.member.paused:
-            self.member.pause(over)
-            log.warning("memory budget %s: partitions %s", "exceeded" if over else "ok", "paused" if over else "resumed")
+        # Pausing frees memory only by letting shards be written. When incomplete
+        # samples alone hold the excess (a sample larger than the budget, or a
+        # killed attempt's blocks waiting for its retry), a pause would wait on
+        # records it stops fetching: consume on, so that they complete.
+        pause = over and any(state.shard.samples for state in self._partitions.values())
+        if pause != self.member.paused:
+            self.member.pause(pause)
+            log.warning("memory budget %s: partitions %s", "exceeded" if over else "ok", "paused" if pause else
+                        "resumed" + (" for incomplete samples to complete" if over else ""))
 
     def _due(self, shard: OpenShard, now: float) -> bool:
         """The open shard is old enough, or idle long enough, to close."""
