@@ -123,12 +123,17 @@ def _check_speculators_layout(exported: Path, dataset) -> None:  # type: ignore[
     from safetensors.torch import load_file
 
     rows = load_from_disk(str(exported))
-    assert len(rows) == len(dataset)
-    for i, request_id in enumerate(dataset.request_ids()):
+
+    def mask(sample) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        return sample["loss_mask"] if sample["loss_mask"] is not None else torch.ones_like(sample["token_ids"])
+
+    # As speculators does, the export drops rows with nothing to learn (a chat with no assistant turn).
+    kept = [r for r in dataset.request_ids() if mask(dataset[r]).any()]
+    assert 0 < len(kept) < len(dataset) and len(rows) == len(kept)
+    for i, request_id in enumerate(kept):
         hs = load_file(str(exported / "hidden_states" / f"hs_{i}.safetensors"))
         assert torch.equal(hs["token_ids"], rows[i]["input_ids"])  # the trainer drops rows where this fails
         sample = dataset[request_id]
         assert torch.equal(hs["hidden_states"], sample["hidden_states"])
-        expected_mask = sample["loss_mask"] if sample["loss_mask"] is not None else torch.ones_like(sample["token_ids"])
-        assert torch.equal(rows[i]["loss_mask"].bool(), expected_mask.bool())
+        assert torch.equal(rows[i]["loss_mask"].bool(), mask(sample).bool())
         assert int(rows[i]["seq_len"]) == hs["token_ids"].shape[0]
