@@ -315,7 +315,7 @@ def test_every_sample_equals_the_uninterrupted_runs(run: Run) -> None:
     assert max(errors) <= 1e-5, max(errors)
     record_figures("network_faults", {
         "prompts": len(errors), "bit_identical_samples": identical, "max_relative_error_vs_uninterrupted": max(errors),
-        "lost": 0, "duplicated": 0, "connections": run.connections, "resets": run.resets,
+        "lost": 0, "duplicated": 0, "connections": run.connections, "connections_reset": run.resets,
         **{name: {"recovery_s": o.recovery_s, "lag_peak": o.lag_peak, **o.extra} for name, o in run.observed.items()},
     })
 
