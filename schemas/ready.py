@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, JsonValue
 
 from schemas.blocks import Checksum, DType, PositiveInt
+from schemas.dataset_codec import DatasetCodec
 from schemas.generation import GenerationRecord
 from schemas.common import SCHEMA_VERSION, Capture, NonNegativeInt, RequestId, StrictModel
 
@@ -48,7 +49,16 @@ class HiddenStatesReady(StrictModel):
     hidden_size: PositiveInt
     model: str
     checksum: Checksum
-    """Of the stored hidden-states tensor's raw bytes."""
+    """Of the hidden states' raw bytes as the extractor sent them: what a lossless
+    codec decodes back to (fp8 decodes to dequantized values instead)."""
+    codec: DatasetCodec = DatasetCodec.RAW
+    """How the shard stores ``tensors.hidden_states``: ``raw``, the ``[T, L, H]``
+    tensor of ``dtype`` itself; any other codec, a 1-D uint8 tensor of the
+    encoded bytes (:mod:`schemas.dataset_codec`). Absent in events written before
+    dataset codecs existed, which are all raw."""
+    shape: tuple[PositiveInt, PositiveInt, PositiveInt] | None = None
+    """The hidden states' ``[tokens, layers, hidden]``, which an encoded tensor no
+    longer shows; absent in events written before dataset codecs existed."""
     metadata: dict[str, JsonValue] | None = None
     capture: Capture = "all"
     """``last``: ``hidden_states`` is ``[1, L, H]``, the final input token's only."""

@@ -11,10 +11,11 @@ import orjson
 
 from schemas.blocks import DType, PositiveInt
 from schemas.common import SCHEMA_VERSION, NonNegativeInt, RequestId, StrictModel
+from schemas.dataset_codec import DatasetCodec
 
 # safetensors metadata is a flat map of strings: these fields are stored as they
 # are, every other one as JSON, so any safetensors reader can parse each value.
-_TEXT_FIELDS = frozenset({"model", "dtype"})
+_TEXT_FIELDS = frozenset({"model", "dtype", "codec"})
 
 
 class ShardMetadata(StrictModel):
@@ -28,6 +29,9 @@ class ShardMetadata(StrictModel):
     dtype: DType
     hidden_size: PositiveInt
     request_ids: list[RequestId]
+    codec: DatasetCodec = DatasetCodec.RAW
+    """How every sample's ``hidden_states`` tensor is stored (see
+    ``HiddenStatesReady.codec``); a shard written before codecs has none: raw."""
 
     def to_safetensors(self) -> dict[str, str]:
         """As the ``metadata`` argument of ``safetensors.torch.save_file``."""

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from runtime.errors import Rejection
 from schemas import BlockRecordHeaders, ErrorClass, Manifest, RecordKind, format_validation_error
 from schemas.codec import CorruptBlock, decode_block
+from schemas.dataset_codec import DatasetCodec
 
 
 @dataclass
@@ -34,12 +35,20 @@ class Record:
 
 @dataclass
 class Sample:
-    """A verified sample: its manifest and the raw bytes of ``[T, L, H]``."""
+    """A verified sample: its manifest and the raw bytes of ``[T, L, H]``, or,
+    once :func:`sink.encoding.encode` ran, the bytes its shard stores."""
 
     manifest: Manifest
     hidden_states: bytes
     offsets: list[int]
     """Offsets of all its records (blocks and manifest) in the partition."""
+    records: list[bytes] = field(default_factory=list)
+    """Its block records in manifest order, each verified: ``byteplane-zstd``
+    keeps them instead of encoding again. Dropped once encoded."""
+    codec: DatasetCodec = DatasetCodec.RAW
+    """How ``hidden_states`` is encoded."""
+    checksum: str | None = None
+    """Of the raw bytes, kept when ``hidden_states`` no longer holds them."""
 
     @property
     def manifest_offset(self) -> int:
@@ -106,7 +115,7 @@ class Assembler:
             raw = _verified_bytes(manifest, pending.blocks)
         except Rejection as exc:
             return Rejected(exc.error_class, exc.reason, offsets, request_id, record.value)
-        return Sample(manifest, raw, offsets)
+        return Sample(manifest, raw, offsets, [pending.blocks[ref.index].value for ref in manifest.blocks])
 
     def supersede(self, request_id: str) -> list[Rejected]:
         """Reject the unfinished attempts of a request that now has a complete one.

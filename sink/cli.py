@@ -11,6 +11,7 @@ from runtime.checks import integer, number, writable_dir, writable_file
 from runtime.kafka.admin import add_connect_timeout, wait_for_cluster
 from runtime.settings import KafkaSettings, TopicSettings, from_args, overrides
 from runtime.logs import redact_secrets
+from schemas.dataset_codec import DatasetCodec
 from sink.options import SinkOptions
 from sink.service import Sink
 
@@ -40,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="SECS",
                         help="reject blocks whose manifest has not come after SECS (default %(default)s)")
     parser.add_argument("--session-timeout-ms", type=integer(1), default=_DEFAULTS.session_timeout_ms)
+    parser.add_argument("--dataset-codec", choices=[c.value for c in DatasetCodec],
+                        default=_DEFAULTS.dataset_codec.value,
+                        help="how shards store hidden states: raw (any safetensors reader loads them), "
+                             "byteplane-zstd (lossless, the block records as they came), fp8 or fp8-zstd "
+                             "(E4M3, a scale per token and layer); hsx's readers decode all (default %(default)s)")
     parser.add_argument("--exit-when-idle", type=number(0), metavar="SECS", help="stop after SECS with nothing to read")
     parser.add_argument("--exactly-once", action="store_true",
                         help="ready events and offset commits in one Kafka transaction (needs a broker with full "
@@ -56,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     writable_dir("--output", args.output)
     if args.stats_file:
         writable_file("--stats-file", args.stats_file)
-    options = from_args(SinkOptions, args, group_id=args.group, dataset=args.dataset_name)
+    options = from_args(SinkOptions, args, group_id=args.group, dataset=args.dataset_name,
+                        dataset_codec=DatasetCodec(args.dataset_codec))
     # Before the service: it takes SIGINT as a drain, so a Ctrl-C during this wait
     # (for ever by default) would otherwise go unheard.
     wait_for_cluster(kafka, args.connect_timeout)

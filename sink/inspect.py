@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"layer ids    {'; '.join(','.join(map(str, s)) for s in layer_sets)}")
     print(f"dtype        {', '.join(sorted({e.dtype.value for e in events}))}, hidden size "
           f"{', '.join(str(h) for h in sorted({e.hidden_size for e in events}))}")
+    print(f"codec        {', '.join(sorted({e.codec.value for e in events}))} (hidden states as stored; "
+          "read decoded)")
     turns = [t for e in events if e.generation for t in e.generation.turns]
     if turns:
         reasons = Counter(t.finish_reason for t in turns)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from schemas.dataset_codec import DatasetCodec
+
 
 @dataclass(frozen=True)
 class SinkOptions:
@@ -28,5 +30,8 @@ class SinkOptions:
     exit_when_idle: float | None = None
     exactly_once: bool = False
     """Publish ready events and commit offsets in one Kafka transaction."""
+    dataset_codec: DatasetCodec = DatasetCodec.RAW
+    """How shards store hidden states (``sink.encoding``); raw by default, so any
+    safetensors reader loads them."""
     health_port: int | None = None
     """Serve /healthz, /readyz and /metrics here (0: any free port; None: off)."""

@@ -8,7 +8,8 @@
     for sample in follow("kafka:9092", "out/"): ...   # online, as ready events arrive
 
 Shards are memory-mapped (safetensors ``safe_open``); a sample costs only the
-pages it touches. PyTorch loaders, batches for speculators and the online
+pages it touches. Samples a sink stored with a ``--dataset-codec`` other than raw
+are decoded as they are read (``sink.encoding``). PyTorch loaders, batches for speculators and the online
 loader over ``hidden_states.ready`` are in ``trainer/``, built on this module.
 """
 
@@ -30,6 +31,7 @@ from runtime.kafka import consumer_config
 from runtime.settings import KafkaSettings
 from schemas import HiddenStatesReady
 from schemas.topics import READY
+from sink.encoding import read_hidden_states
 from sink.shards import read_indexes
 from sink.storage import LocalStorage, Storage
 
@@ -112,7 +114,7 @@ def _sample(shard: Any, event: HiddenStatesReady) -> dict[str, Any]:
     return {
         "request_id": event.request_id,
         "token_ids": shard.get_tensor(names.token_ids),
-        "hidden_states": shard.get_tensor(names.hidden_states),
+        "hidden_states": read_hidden_states(shard, event),
         "loss_mask": shard.get_tensor(names.loss_mask) if names.loss_mask else None,
         "metadata": event.metadata or {},
     }

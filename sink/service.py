@@ -25,6 +25,7 @@ from runtime.logs import record_fields
 from runtime.settings import KafkaSettings, TopicSettings
 from schemas import ErrorClass, HiddenStatesReady
 from sink.assembler import Record, Rejected, Sample
+from sink.encoding import encode
 from sink.memory import release_large_buffers_to_the_os
 from sink.options import SinkOptions
 from sink.partition import PartitionState
@@ -169,6 +170,7 @@ class Sink:
                 sample.offsets, request_id, sample.manifest.model_dump_json().encode()))
 
     def _append(self, state: PartitionState, sample: Sample) -> None:
+        sample = encode(sample, self.options.dataset_codec)  # on arrival: the open shard holds only what it stores
         if not state.shard.accepts(sample):
             self._close_shard(state)
         state.shard.add(sample)

@@ -3,6 +3,7 @@
 Layout of a dataset directory::
 
     shards/<topic>-<partition>-<first offset>.safetensors   # tensors <request_id>/hidden_states, /token_ids, /loss_mask
+                                                             # (hidden_states encoded per sink.encoding)
     keys/<same name>.keys                                    # schemas.keys: the samples' dedupe keys
     index/<same name>.json                                   # schemas.ShardIndex: the ready event of every sample
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import re
 import time
-import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -30,12 +30,12 @@ from safetensors.torch import save_file
 
 import numpy as np
 
-from runtime.tensors import TORCH_DTYPES
 from schemas import HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
 from schemas.codec import checksum
 from schemas.keys import KEY_RECORD, encode_keys, request_key, token_key
 from schemas.shard import ShardMetadata
 from sink.assembler import Sample
+from sink.encoding import stored_tensor
 from sink.storage import Storage
 
 SHARDS = "shards"
@@ -78,13 +78,13 @@ class OpenShard:
     last_added_at: float = field(default_factory=time.monotonic)
 
     def accepts(self, sample: Sample) -> bool:
-        """One shard holds samples of one model, layer set, dtype and width, so its
-        metadata describes all of them."""
+        """One shard holds samples of one model, layer set, dtype, width and
+        dataset codec, so its metadata describes all of them."""
         if not self.samples:
             return True
         first, new = self.samples[0].manifest, sample.manifest
-        return (first.model, first.layer_ids, first.dtype, first.hidden_size) == (
-            new.model, new.layer_ids, new.dtype, new.hidden_size)
+        return (first.model, first.layer_ids, first.dtype, first.hidden_size, self.samples[0].codec) == (
+            new.model, new.layer_ids, new.dtype, new.hidden_size, sample.codec)
 
     def add(self, sample: Sample) -> None:
         self.last_added_at = time.monotonic()
@@ -111,8 +111,7 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
         rid = m.request_id
         names = TensorNames(hidden_states=f"{rid}/hidden_states", token_ids=f"{rid}/token_ids",
                             loss_mask=f"{rid}/loss_mask" if m.loss_mask_spans is not None else None)
-        tensors[names.hidden_states] = _read_only_view(sample.hidden_states, TORCH_DTYPES[m.dtype]).view(
-            m.captured_tokens, len(m.layer_ids), m.hidden_size)
+        tensors[names.hidden_states] = stored_tensor(sample)
         tensors[names.token_ids] = torch.tensor(m.token_ids, dtype=torch.int64)
         if names.loss_mask is not None:
             mask = torch.zeros(m.num_tokens, dtype=torch.bool)
@@ -122,12 +121,13 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
         events.append(HiddenStatesReady(
             event_id=ready_event_id(dataset, rid), request_id=rid, shard=shard_path, tensors=names,
             num_tokens=m.num_tokens, layer_ids=m.layer_ids, dtype=m.dtype, hidden_size=m.hidden_size,
-            model=m.model, checksum=checksum(sample.hidden_states), metadata=m.metadata, generation=m.generation,
-            capture=m.capture))
+            model=m.model, checksum=sample.checksum or checksum(sample.hidden_states), metadata=m.metadata,
+            generation=m.generation, capture=m.capture, codec=sample.codec,
+            shape=(m.captured_tokens, len(m.layer_ids), m.hidden_size)))
     first = shard.samples[0].manifest
     metadata = ShardMetadata(
         model=first.model, layer_ids=first.layer_ids, dtype=first.dtype, hidden_size=first.hidden_size,
-        request_ids=[s.manifest.request_id for s in shard.samples],
+        request_ids=[s.manifest.request_id for s in shard.samples], codec=shard.samples[0].codec,
     ).to_safetensors()
     storage.write_atomic_with(shard_path, lambda tmp: _save(tensors, metadata, tmp))
     storage.write_atomic(f"{KEYS}/{stem}.keys", encode_keys(shard_keys(shard)))
@@ -149,14 +149,6 @@ def _save(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: Path
         save_file(tensors, path, metadata)
     except SafetensorError as exc:  # safetensors wraps I/O errors (full disk, ...): callers retry OSErrors
         raise OSError(f"cannot write {path.name}: {exc}") from exc
-
-
-def _read_only_view(data: bytes, dtype: torch.dtype) -> torch.Tensor:
-    """A tensor over ``data`` without copying it. torch warns that the buffer is
-    not writable; the view is only read (serialized), so that is fine."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.frombuffer(data, dtype=dtype)
 
 
 def read_indexes(storage: Storage, prefix: str = "") -> list[ShardIndex]:

@@ -14,7 +14,10 @@ slots in a draft config's order. Rows are the trainable samples in index order:
 samples without a supervised token are dropped, as speculators' own data
 preparation drops them, and counted. A sample whose answer the verifier
 generated is exported as the regenerated conversation, its mask on the
-generated tokens; ``capture: last`` samples cannot be exported.
+generated tokens; ``capture: last`` samples cannot be exported. Hidden states are
+written decoded, in the dtype the sink received: a ``byteplane-zstd`` sample
+bit-exact, an ``fp8`` one dequantized (bf16 for a bf16 model), so a dataset whose
+codec changed between sink runs exports in one dtype.
 """
 
 from __future__ import annotations

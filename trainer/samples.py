@@ -12,7 +12,9 @@ from typing import Any
 import torch
 
 from schemas import HiddenStatesReady
+from schemas.dataset_codec import DatasetCodec
 from schemas.training import LossMaskPolicy
+from sink.encoding import read_hidden_states
 
 
 @dataclass(frozen=True)
@@ -118,9 +120,11 @@ def read_sample(shard: Any, event: HiddenStatesReady, layout: LayerLayout, polic
                          f"not the {list(layout.stored)} the loader was set up for")
     indices = layout.indices
     if indices == list(range(len(layout.stored))):
-        hidden = shard.get_tensor(event.tensors.hidden_states)
-    else:  # only the chosen layers' rows are copied out of the map
+        hidden = read_hidden_states(shard, event)
+    elif event.codec is DatasetCodec.RAW:  # only the chosen layers' rows are copied out of the map
         view = shard.get_slice(event.tensors.hidden_states)
         hidden = torch.stack([view[:, i] for i in indices], dim=1)
+    else:  # an encoded sample decodes whole
+        hidden = read_hidden_states(shard, event)[:, indices].contiguous()
     return TrainingSample(request_id=event.request_id, input_ids=shard.get_tensor(event.tensors.token_ids),
                           hidden_states=hidden, loss_mask=loss_mask(shard, event, policy) if mask is None else mask)

@@ -17,7 +17,9 @@ import torch
 from runtime.tensors import TORCH_DTYPES
 from schemas import BlockRef, Codec, DType, HiddenStatesReady, Manifest, SourceRef
 from schemas.codec import checksum
+from schemas.dataset_codec import DatasetCodec
 from sink.assembler import Sample
+from sink.encoding import encode
 from sink.shards import OpenShard, write_shard
 from sink.storage import LocalStorage
 
@@ -38,6 +40,8 @@ class TrainingDataSpec:
     """Every k-th sample is a chat whose mask is all zero (0: none)."""
     model: str = "synthetic-llama"
     seed: int = 0
+    codec: DatasetCodec = DatasetCodec.RAW
+    """How the shards store hidden states (``hsx sink --dataset-codec``)."""
 
 
 def _sample(spec: TrainingDataSpec, i: int, gen: torch.Generator) -> Sample:
@@ -72,7 +76,7 @@ def write_training_dataset(root: Path, spec: TrainingDataSpec | None = None, par
     events: list[HiddenStatesReady] = []
     for i in range(spec.samples):
         shard = open_shards[i % partitions]
-        shard.add(_sample(spec, i, gen))
+        shard.add(encode(_sample(spec, i, gen), spec.codec))
         if len(shard.samples) == spec.per_shard or i >= spec.samples - partitions:
             events += write_shard(storage, dataset, shard)
             open_shards[i % partitions] = OpenShard("hidden_states.blocks", i % partitions)

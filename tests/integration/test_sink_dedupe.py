@@ -32,9 +32,11 @@ pytestmark = [pytest.mark.integration]
 STORED = 100_000
 
 
-def run_sink(kafka: KafkaSettings, topics: TopicSettings, output: Path, log_dir: Path, name: str) -> HsxService:
-    """``hsx sink`` until idle; returns the finished service."""
-    command = sink_command(kafka.bootstrap, topics, output, "--exit-when-idle", "5", "--flush-when-idle", "0.5")
+def run_sink(kafka: KafkaSettings, topics: TopicSettings, output: Path, log_dir: Path, name: str,
+             *extra: str) -> HsxService:
+    """``hsx sink`` (with ``extra`` flags) until idle; returns the finished service."""
+    command = sink_command(kafka.bootstrap, topics, output, "--exit-when-idle", "5", "--flush-when-idle", "0.5",
+                           *extra)
     sink = HsxService(name, command, log_dir)
     with sink:
         sink.wait(180)

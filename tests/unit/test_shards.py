@@ -35,13 +35,17 @@ def test_shard_header_metadata_is_the_contract(tmp_path: Path) -> None:
         raw = handle.metadata()
     # Pinned as bytes on disk: trainers may read these keys without hsx.
     assert raw == {"schema_version": "1", "model": "m", "layer_ids": "[1,3]", "dtype": "float32",
-                   "hidden_size": str(HIDDEN), "request_ids": '["a","b"]'}
+                   "hidden_size": str(HIDDEN), "request_ids": '["a","b"]', "codec": "raw"}
     assert ShardMetadata.from_safetensors(raw) == ShardMetadata(
         model="m", layer_ids=[1, 3], dtype=DType.FLOAT32, hidden_size=HIDDEN, request_ids=["a", "b"])
+    # A shard written before dataset codecs has no codec key: raw.
+    del raw["codec"]
+    assert ShardMetadata.from_safetensors(raw).codec == "raw"
 
 
 @pytest.mark.parametrize("key, value", [("hidden_size", "0"), ("layer_ids", "[1,"), ("dtype", "int8"),
-                                        ("request_ids", '["../x"]'), ("schema_version", "2")])
+                                        ("request_ids", '["../x"]'), ("schema_version", "2"),
+                                        ("codec", "lz4")])
 def test_bad_shard_metadata_is_refused(key: str, value: str) -> None:
     good = ShardMetadata(model="m", layer_ids=[0], dtype=DType.BFLOAT16, hidden_size=8, request_ids=["a"])
     with pytest.raises(ValueError):

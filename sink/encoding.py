@@ -1,0 +1,105 @@
+"""A sample's hidden states as a shard stores them (``hsx sink --dataset-codec``)
+and back: the sink's one encoding step and every reader's one decoding step, so
+``open_dataset``, ``follow``, ``inspect``, ``HsxDataset`` and the export all read
+a shard of any codec the same way.
+
+Layout in a shard: a ``raw`` sample is its ``[T, L, H]`` tensor of the model's
+dtype, as before codecs existed, so any safetensors reader loads it. Any other
+codec stores the encoded bytes (:mod:`schemas.dataset_codec`) as one 1-D uint8
+tensor under the same name; the codec, dtype and shape are in the sample's index
+entry (``HiddenStatesReady``) and the codec also in the shard's metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from runtime.errors import HsxError
+from runtime.tensors import TORCH_DTYPES
+from schemas import Codec, HiddenStatesReady
+from schemas.codec import CorruptBlock, checksum, read_header
+from schemas.dataset_codec import DatasetCodec, decode_sample, encode_sample
+from sink.assembler import Sample
+
+log = logging.getLogger(__name__)
+
+
+class CorruptSample(HsxError, CorruptBlock):
+    """A stored sample whose encoded hidden states do not decode or fail their
+    checksum; the message names the shard and the sample."""
+
+
+def encode(sample: Sample, codec: DatasetCodec) -> Sample:
+    """``sample`` with ``hidden_states`` in the form ``codec`` stores, its
+    block records dropped. ``byteplane-zstd`` keeps the block records as they
+    arrived (the assembler verified each one's CRC) when they are all
+    byte-plane coded and tile the sample from its first row; otherwise (another
+    wire codec, a ``capture: last`` sample whose one block starts at its final
+    token) the raw bytes are encoded once. A sample fp8 cannot hold (non-finite
+    values) is kept raw rather than lost: its shard then says raw."""
+    kept = replace(sample, records=[])
+    if codec is DatasetCodec.RAW:
+        return kept
+    m = sample.manifest
+    shape = (m.captured_tokens, len(m.layer_ids), m.hidden_size)
+    raw = sample.hidden_states
+    if codec is DatasetCodec.BYTEPLANE_ZSTD and _records_fit(sample.records):
+        payload = b"".join(sample.records)
+    else:
+        try:
+            payload = encode_sample(raw, shape=shape, dtype=m.dtype, codec=codec)
+        except ValueError as exc:
+            log.warning("%s stored raw, not %s: %s", m.request_id, codec.value, exc)
+            return kept
+    return replace(kept, hidden_states=payload, codec=codec, checksum=checksum(raw))
+
+
+def _records_fit(records: list[bytes]) -> bool:
+    """Whether the records, back to back, are a ``byteplane-zstd`` sample as
+    they are: every one byte-plane coded, the first starting at row 0 (the
+    assembler checked that they tile the rest in order)."""
+    headers = [read_header(record)[0] for record in records]
+    return bool(headers) and headers[0].token_start == 0 and all(h.codec is Codec.BYTEPLANE_ZSTD for h in headers)
+
+
+def stored_tensor(sample: Sample) -> torch.Tensor:
+    """The tensor ``write_shard`` saves for ``sample``: ``[T, L, H]`` of its dtype
+    when raw, else the encoded bytes as 1-D uint8. A view, not a copy."""
+    m = sample.manifest
+    if sample.codec is DatasetCodec.RAW:
+        return _read_only_view(sample.hidden_states, TORCH_DTYPES[m.dtype]).view(
+            m.captured_tokens, len(m.layer_ids), m.hidden_size)
+    return _read_only_view(sample.hidden_states, torch.uint8)
+
+
+def read_hidden_states(shard: Any, event: HiddenStatesReady) -> torch.Tensor:
+    """A sample's ``[T, L, H]`` hidden states of ``event.dtype``, from its open
+    shard (``safe_open``), whatever its codec: the stored tensor itself for raw
+    (memory-mapped), else decoded (bit-exact for the lossless codecs, dequantized
+    for fp8). Raises :class:`CorruptSample` when the stored bytes are damaged."""
+    tensor = shard.get_tensor(event.tensors.hidden_states)
+    if event.codec is DatasetCodec.RAW:
+        return tensor
+    where = f"shard {event.shard}, sample {event.request_id}"
+    if event.shape is None or tensor.dtype != torch.uint8 or tensor.ndim != 1:
+        raise CorruptSample(f"{where}: a {event.codec.value} sample needs a 1-D uint8 tensor and a shape in its "
+                            f"index entry, found {tensor.dtype} {tuple(tensor.shape)} and shape {event.shape}")
+    try:
+        raw = decode_sample(tensor.numpy(), shape=event.shape, dtype=event.dtype, codec=event.codec)
+    except CorruptBlock as exc:
+        raise CorruptSample(f"{where}: {event.codec.value} hidden states are corrupt: {exc}") from exc
+    # A copy the caller owns and may write to; decode_sample's bytes are immutable.
+    return torch.frombuffer(bytearray(raw), dtype=TORCH_DTYPES[event.dtype]).view(event.shape)
+
+
+def _read_only_view(data: bytes, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor over ``data`` without copying it. torch warns that the buffer is
+    not writable; the view is only read (serialized), so that is fine."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(data, dtype=dtype)
