@@ -11,10 +11,13 @@ from safetensors import safe_open
 from runtime.tensors import TORCH_DTYPES, WIRE_DTYPES
 from schemas import DType
 from schemas.shard import ShardMetadata
+from schemas.dataset_codec import DatasetCodec
 from sink.assembler import Assembler, Sample
+from sink.encoding import encode
 from sink.shards import OpenShard, write_shard
 from sink.storage import LocalStorage
 from tests.unit.test_assembler import HIDDEN, feed, records
+from tests.unit.test_dataset_storage import assert_decoded
 
 
 def test_every_wire_dtype_maps_to_torch_and_back() -> None:
@@ -52,9 +55,11 @@ def test_bad_shard_metadata_is_refused(key: str, value: str) -> None:
         ShardMetadata.from_safetensors({**good.to_safetensors(), key: value})
 
 
-def test_a_last_token_sample_is_stored_as_one_row(tmp_path: Path) -> None:
+@pytest.mark.parametrize("codec", list(DatasetCodec))
+def test_a_last_token_sample_is_stored_as_one_row(tmp_path: Path, codec: DatasetCodec) -> None:
     """``capture: last``: the blocks cover the final token only; the shard holds
-    ``[1, L, H]`` beside every token id, and the reader returns it as such."""
+    ``[1, L, H]`` beside every token id, and the reader returns it as such, in
+    every dataset codec (a zstd block from token 6: byteplane-zstd re-encodes it)."""
     import torch
 
     from schemas import BlockRecordHeaders, BlockRef, Codec, Manifest, RecordKind, SourceRef
@@ -79,9 +84,9 @@ def test_a_last_token_sample_is_stored_as_one_row(tmp_path: Path) -> None:
                BlockRecordHeaders(kind=RecordKind.MANIFEST, attempt_id=attempt).to_kafka())])
     assert isinstance(sample, Sample)
     shard = OpenShard(topic="hidden_states.blocks", partition=0)
-    shard.add(sample)
+    shard.add(encode(sample, codec))
     (event,) = write_shard(LocalStorage(tmp_path), "ds", shard)
-    assert (event.capture, event.num_tokens) == ("last", 7)
+    assert (event.capture, event.num_tokens, event.codec, event.shape) == ("last", 7, codec, (1, 2, HIDDEN))
     stored = open_dataset(tmp_path)["last"]
-    assert stored["hidden_states"].shape == (1, 2, HIDDEN) and torch.equal(stored["hidden_states"], row)
+    assert_decoded(row, stored["hidden_states"], codec)
     assert stored["token_ids"].tolist() == list(range(7))
