@@ -1,7 +1,8 @@
 """Crash anywhere: the extractor and the sink are each SIGKILLed (with vLLM's
 engine processes) at random moments and restarted; the dataset still holds every
 prompt exactly once, with the hidden states of an uninterrupted run (and, for the
-prompts the verifier answers, the same answers: a retry regenerates them).
+prompts the verifier answers, the same answers: a retry regenerates them). The
+killed run's sink stores byteplane-zstd, so that path lives through the kills too.
 
 ``HSX_RELIABILITY_PROMPTS`` / ``HSX_RELIABILITY_KILLS`` scale it up for soak runs
 (defaults 240 prompts, 3 kills of each service).
@@ -48,7 +49,7 @@ def killed_run_limit(uninterrupted_s: float) -> float:
 
 
 def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], workdir: Path,
-         kills: int, rng: random.Random, limit: float) -> tuple[Path, list[dict[str, object]], float]:
+         kills: int, rng: random.Random, limit: float, codec: str = "raw") -> tuple[Path, list[dict[str, object]], float]:
     """One pipeline run within ``limit`` seconds; each service is killed ``kills``
     times, each time at a random moment 0.5-4 s after it became ready. Returns the
     dataset, where the kills landed and how long the run took."""
@@ -58,7 +59,8 @@ def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], wo
     workdir.mkdir()
     services = [HsxService("extractor", extract_args(kafka, topics, model, f"x-{topics.prompts}") + [
                     "--max-inflight", "16"], workdir),
-                HsxService("sink", sink_args(kafka, topics, output, f"s-{topics.prompts}"), workdir)]
+                HsxService("sink", sink_args(kafka, topics, output, f"s-{topics.prompts}") + [
+                    "--dataset-codec", codec], workdir)]
     left = {s.name: kills for s in services}
     kill_at: dict[str, float] = {}
     landed: list[dict[str, object]] = []
@@ -122,8 +124,10 @@ def test_sigkill_extractor_and_sink_anywhere(kafka: KafkaSettings, tmp_path: Pat
     rng = random.Random(SEED)
     reference, _, uninterrupted_s = _run(kafka, model, prompts, tmp_path / "uninterrupted", kills=0, rng=rng,
                                          limit=UNINTERRUPTED_S)
+    # The killed run keeps its hidden states compressed (byteplane-zstd, lossless):
+    # kills must not disturb that path, and it must read back as the raw run's.
     output, landed, killed_s = _run(kafka, model, prompts, tmp_path / "killed", kills=KILLS, rng=rng,
-                                    limit=killed_run_limit(uninterrupted_s))
+                                    limit=killed_run_limit(uninterrupted_s), codec="byteplane-zstd")
 
     assert Counter(k["service"] for k in landed) == {"extractor": KILLS, "sink": KILLS}
     expected, actual = open_dataset(reference), open_dataset(output)
