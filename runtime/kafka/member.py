@@ -227,7 +227,9 @@ class GroupMember:
             return "joining the consumer group"
         if self.stopping:
             return "draining"
-        if not self._consumer.assignment():
+        # The member's own record of its assignment: the health server's thread must
+        # not call into the consumer, whose calls can wait behind the loop's poll.
+        if not self._assigned:
             return "no partitions assigned"
         return None
 
