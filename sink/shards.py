@@ -41,6 +41,9 @@ from sink.storage import Storage
 SHARDS = "shards"
 INDEX = "index"
 KEYS = "keys"
+TOPICS = "topics"
+DATASET_FOLDERS = (SHARDS, INDEX, KEYS, TOPICS)
+"""Everything the sink writes at a dataset's root (``logs`` is ``hsx run``'s)."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _OFFSET_DIGITS = 20
 
