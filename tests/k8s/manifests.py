@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from functools import cache
@@ -15,6 +16,26 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / ".venv-tools" / "bin"
 OVERLAYS = ["dev", "prod"]
+
+# Kubernetes expands $(NAME) in a container's command and args from the container's
+# environment (envFrom and env); $$ is a literal $; an unknown name stays as written.
+_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def references(value: str) -> list[str]:
+    """The variable names ``value`` refers to as $(NAME) (not the escaped $$(NAME))."""
+    return [m.group(1) for m in _REFERENCE.finditer(value) if m.group(1)]
+
+
+def expand(value: str, environment: dict[str, str | None]) -> str:
+    """``value`` as the kubelet hands it to the process: each $(NAME) with a known value
+    replaced, $$ made $, anything else left alone."""
+    def one(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        known = environment.get(match.group(1))
+        return match.group(0) if known is None else known
+    return _REFERENCE.sub(one, value)
 
 
 def tool(name: str) -> str:
@@ -66,6 +87,29 @@ class Manifests:
             (w, c) for w in self.workloads() for c in w["spec"]["template"]["spec"]["containers"]
             if c.get("command") == ["hsx"]
         ]
+
+    def environment(self, container: dict[str, Any]) -> dict[str, str | None]:
+        """The variables the container's process sees, in Kubernetes' order (envFrom, then
+        env, later ones winning). Values from a Secret or a ``valueFrom`` are not in the
+        manifests: None."""
+        configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in self.of_kind("ConfigMap")}
+        env: dict[str, str | None] = {}
+        for source in container.get("envFrom", []):
+            prefix = source.get("prefix", "")
+            if "configMapRef" in source:
+                env |= {prefix + k: v for k, v in configmaps[source["configMapRef"]["name"]].items()}
+        for var in container.get("env", []):
+            env[var["name"]] = None if "valueFrom" in var else var.get("value", "")
+        return env
+
+    def secret_refs(self, container: dict[str, Any]) -> list[dict[str, Any]]:
+        """The container's ``envFrom`` Secret references (name, optional)."""
+        return [s["secretRef"] for s in container.get("envFrom", []) if "secretRef" in s]
+
+    def args(self, container: dict[str, Any]) -> list[str]:
+        """The container's arguments as its process receives them ($(NAME) expanded)."""
+        env = self.environment(container)
+        return [expand(a, env) for a in container.get("args", [])]
 
     def topic(self, name: str) -> dict[str, Any]:
         (doc,) = [d for d in self.of_kind("KafkaTopic") if d["spec"].get("topicName", d["metadata"]["name"]) == name]

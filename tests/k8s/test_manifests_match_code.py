@@ -12,7 +12,7 @@ from extractor.options import ExtractorOptions
 from hsx.cli import build_parser
 from runtime.kafka.config import MAX_MESSAGE_BYTES, consumer_config
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings
-from tests.k8s.manifests import OVERLAYS, Manifests
+from tests.k8s.manifests import OVERLAYS, Manifests, references
 
 MODEL_LOAD_SECONDS = 300
 """Loading a large model into vLLM takes minutes; scaling must not undo that sooner."""
@@ -30,10 +30,11 @@ def settings_env(manifests: Manifests, monkeypatch: pytest.MonkeyPatch) -> Manif
     return manifests
 
 
-def _parse(container: dict[str, Any]) -> argparse.Namespace:
-    """The container's arguments through hsx's own parser: every flag must exist and
-    parse, and none may be given twice (the last one would silently win)."""
-    args = container["args"]
+def _parse(manifests: Manifests, container: dict[str, Any]) -> argparse.Namespace:
+    """The container's arguments through hsx's own parser, as the process receives them
+    ($(NAME) expanded from its environment): every flag must exist and parse, and none
+    may be given twice (the last one would silently win)."""
+    args = manifests.args(container)
     flags = [a.split("=", 1)[0] for a in args if a.startswith("--")]
     assert len(flags) == len(set(flags)), f"{container['name']}: a flag given twice in {args}"
     try:
@@ -59,18 +60,34 @@ def _setting_names() -> set[str]:
 def test_every_hsx_variable_is_a_real_setting(manifests: Manifests) -> None:
     known = _setting_names()
     used = set(manifests.config)
+    # A name the arguments refer to, $(HSX_DATASET_URL), is read by Kubernetes, not hsx
+    # (the next test checks that it resolves).
+    expanded = set()
     for _, container in manifests.hsx_containers():
         used |= {e["name"] for e in container.get("env", [])}
+        expanded |= {name for arg in container.get("command", []) + container.get("args", [])
+                     for name in references(arg)}
+    known |= expanded
     for auth in manifests.of_kind("TriggerAuthentication"):
         used |= {ref["key"] for ref in auth["spec"]["secretTargetRef"]}
     unknown = {name for name in used if name.startswith("HSX_")} - known
     assert not unknown, f"not read by runtime/settings.py: {sorted(unknown)}"
 
 
+def test_argument_references_resolve_from_the_config(manifests: Manifests) -> None:
+    """Kubernetes leaves an unknown $(NAME) as written (the sink would write to a folder
+    named so), and one from a Secret would put the secret in the pod's command line."""
+    for workload, container in manifests.hsx_containers():
+        env = manifests.environment(container)
+        for arg in container.get("command", []) + container.get("args", []):
+            for name in references(arg):
+                assert env.get(name), f"{workload['metadata']['name']}: {arg} names no ConfigMap or env value"
+
+
 def test_container_arguments_are_real_hsx_commands(manifests: Manifests) -> None:
     commands = {}
     for workload, container in manifests.hsx_containers():
-        commands[workload["metadata"]["name"]] = _parse(container).command
+        commands[workload["metadata"]["name"]] = _parse(manifests, container).command
     assert commands["hsx-extractor"] == "extract"
     assert commands["hsx-sink"] == "sink"
 
@@ -79,7 +96,7 @@ def test_probes_scrape_and_service_use_the_health_port(manifests: Manifests) -> 
     for name in ("hsx-extractor", "hsx-sink"):
         deployment = manifests.one("Deployment", name)
         container = _container(manifests, name)
-        port = _parse(container).health_port
+        port = _parse(manifests, container).health_port
         assert port is not None, f"{name} serves no /healthz without --health-port"
         named = {p["name"]: p["containerPort"] for p in container["ports"]}
         for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
@@ -106,7 +123,7 @@ def test_autoscaling_watches_what_the_services_consume(settings_env: Manifests) 
     consumed = {"hsx-extractor": topics.prompts, "hsx-sink": topics.blocks}
     for scaled in manifests.of_kind("ScaledObject"):
         target = scaled["spec"]["scaleTargetRef"]["name"]
-        args = _parse(_container(manifests, target))
+        args = _parse(manifests, _container(manifests, target))
         (trigger,) = scaled["spec"]["triggers"]
         meta = trigger["metadata"]
         assert meta["bootstrapServers"] == (args.bootstrap or KafkaSettings().bootstrap), target
@@ -143,15 +160,16 @@ def test_topics_match_settings_and_record_sizes(settings_env: Manifests) -> None
         assert int(spec["config"]["min.insync.replicas"]) <= spec["replicas"], name
     prompts = manifests.topic(settings.prompts)["spec"]["config"]
     assert int(prompts["max.message.bytes"]) > PromptLimitSettings().limits().max_event_bytes
-    block_bytes = _parse(_container(manifests, "hsx-extractor")).block_bytes
+    block_bytes = _parse(manifests, _container(manifests, "hsx-extractor")).block_bytes
     for name in (settings.blocks, settings.blocks_dlq):
         assert int(manifests.topic(name)["spec"]["config"]["max.message.bytes"]) >= 2 * block_bytes, name
 
 
 def test_prod_extractor_gets_a_gpu_and_dev_none() -> None:
     for overlay in OVERLAYS:
-        container = _container(Manifests(overlay), "hsx-extractor")
-        args = _parse(container)
+        manifests = Manifests(overlay)
+        container = _container(manifests, "hsx-extractor")
+        args = _parse(manifests, container)
         gpus = int(container["resources"].get("limits", {}).get("nvidia.com/gpu", 0))
         if overlay == "prod":
             assert gpus == args.tensor_parallel_size * args.data_parallel_size >= 1
