@@ -44,7 +44,9 @@ from runtime.kafka import DeliveryTracker, ensure_topics, make_producer
 from runtime.kafka.admin import ONE_SHOT_CONNECT_TIMEOUT, add_connect_timeout
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings
 from schemas import Topics
-from sink.reader import open_dataset
+from sink.reader import Dataset
+from sink.service import dataset_name
+from sink.storage import is_object_store, open_storage
 
 LOST_AFTER_SECONDS = 120.0
 """Once the extractor has finished every prompt, how long the ready events and
@@ -54,7 +56,9 @@ SINK_FLUSH_WHEN_IDLE = "2"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_input_arguments(parser)
-    parser.add_argument("--output", type=Path, required=True, help="dataset directory (resumed if it has one)")
+    parser.add_argument("--output", required=True,
+                        help="the dataset, resumed if it has one: a directory, or s3://BUCKET/PREFIX (AWS_* "
+                             "environment, as for hsx sink; the services' logs then go to ./hsx-logs/PREFIX)")
     parser.add_argument("--bootstrap", help="a Kafka cluster (env HSX_KAFKA_BOOTSTRAP; default: an embedded broker)")
     add_connect_timeout(parser, ONE_SHOT_CONNECT_TIMEOUT, cluster="the cluster of --bootstrap")
     parser.add_argument("--partitions", type=bounded(TopicSettings, "partitions"), default=2,
@@ -68,7 +72,8 @@ class RunPlan:
     """Everything a run needs, checked before anything starts."""
 
     model: Path
-    output: Path
+    output: str
+    """A directory or ``s3://bucket/prefix``."""
     lines: Iterable[SourceLine]
     mapping: Mapping = field(default_factory=Mapping)
     on_invalid: InvalidPolicy = InvalidPolicy.SKIP
@@ -82,13 +87,25 @@ class RunPlan:
 
     def __post_init__(self) -> None:
         model_dir("--model", self.model)
-        writable_dir("--output", self.output)
+        self.output = str(self.output)  # a Path is accepted too
+        if is_object_store(self.output):
+            open_storage(self.output)  # a wrong key or bucket refused now, not by the sink later
+        else:
+            writable_dir("--output", Path(self.output))
+
+    @property
+    def logs(self) -> Path:
+        """Where the services' logs go: beside the dataset, or locally for an object store."""
+        if is_object_store(self.output):
+            return Path("hsx-logs") / dataset_name(self.output)
+        return Path(self.output) / "logs"
 
 
 def run(args: argparse.Namespace) -> int:
     lines, mapping, on_invalid = input_from_args(args)
     model_and_layers(args)  # the layer ids too: the extractor, a child process, would find them wrong only later
-    outside("--output", args.output, "INPUT", args.file)  # a datasets directory as input
+    if not is_object_store(args.output):
+        outside("--output", args.output, "INPUT", args.file)  # a datasets directory as input
     forwarded = [a for a in args.model_actions if a.dest != "model"]
     plan = RunPlan(model=Path(args.model), output=args.output, lines=lines, mapping=mapping, on_invalid=on_invalid,
                    engine_argv=as_argv(forwarded, args), bootstrap=args.bootstrap, partitions=args.partitions,
@@ -106,10 +123,9 @@ def run(args: argparse.Namespace) -> int:
 
 def run_pipeline(plan: RunPlan) -> RunReport:
     """Steps 2-7 of the module docstring."""
-    plan.output.mkdir(parents=True, exist_ok=True)
-    logs = plan.output / "logs"
-    logs.mkdir(exist_ok=True)
-    existing = set(open_dataset(plan.output).request_ids())
+    logs = plan.logs
+    logs.mkdir(parents=True, exist_ok=True)
+    existing = set(Dataset(open_storage(plan.output, create=True)).request_ids())
     with _broker(plan.bootstrap) as bootstrap:
         kafka = KafkaSettings(bootstrap=bootstrap)
         topic_settings = _topics(plan.partitions)

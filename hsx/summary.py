@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from hsx.ledger import Ledger
 from producer.publisher import PublishSummary
+from sink.storage import open_storage
 
 
 @dataclass
 class RunReport:
-    output: Path
+    output: str
+    """The dataset: a directory or ``s3://bucket/prefix``."""
     published: PublishSummary
     ledger: Ledger
     extracted: dict[str, Any]
@@ -34,9 +35,15 @@ class RunReport:
         return not self.failures and not self.lost and not self.ledger.failed
 
     def stored_bytes(self) -> int:
-        """Bytes on disk of the shards this run wrote."""
-        shards = {event.shard for event in self.ledger.ready.values()}
-        return sum((self.output / shard).stat().st_size for shard in shards if (self.output / shard).exists())
+        """Bytes stored of the shards this run wrote."""
+        storage = open_storage(self.output)
+        total = 0
+        for shard in {event.shard for event in self.ledger.ready.values()}:
+            try:
+                total += storage.size(shard)
+            except FileNotFoundError:
+                continue
+        return total
 
     def rows(self) -> list[tuple[str, str]]:
         ledger, summary = self.ledger, self.published

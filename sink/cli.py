@@ -14,14 +14,18 @@ from runtime.logs import redact_secrets
 from schemas.dataset_codec import DatasetCodec
 from sink.options import SinkOptions
 from sink.service import Sink
+from sink.storage import is_object_store, open_storage
+from sink.storage.s3 import MIN_PART_BYTES
 
-_DEFAULTS = SinkOptions(output=Path("."))
+_DEFAULTS = SinkOptions(output=".")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", help="bootstrap servers (env HSX_KAFKA_BOOTSTRAP)")
     add_connect_timeout(parser, None)
-    parser.add_argument("--output", type=Path, required=True, help="dataset directory")
+    parser.add_argument("--output", required=True,
+                        help="the dataset: a directory, or s3://BUCKET/PREFIX (configured by AWS_ENDPOINT_URL, "
+                             "AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or the usual AWS credential chain)")
     parser.add_argument("--topic", help="blocks topic (env HSX_TOPIC_BLOCKS)")
     parser.add_argument("--ready-topic", help="ready events topic (env HSX_TOPIC_READY)")
     parser.add_argument("--dlq-topic", help="dead-letter topic (env HSX_TOPIC_BLOCKS_DLQ)")
@@ -46,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how shards store hidden states: raw (any safetensors reader loads them), "
                              "byteplane-zstd (lossless, the block records as they came), fp8 or fp8-zstd "
                              "(E4M3, a scale per token and layer); hsx's readers decode all (default %(default)s)")
+    parser.add_argument("--upload-part-bytes", type=integer(MIN_PART_BYTES), default=_DEFAULTS.upload_part_bytes,
+                        help="multipart part size for an s3:// output; memory per shard upload is about five "
+                             "parts (default %(default)s)")
     parser.add_argument("--exit-when-idle", type=number(0), metavar="SECS", help="stop after SECS with nothing to read")
     parser.add_argument("--exactly-once", action="store_true",
                         help="ready events and offset commits in one Kafka transaction (needs a broker with full "
@@ -59,15 +66,18 @@ def run(args: argparse.Namespace) -> int:
     kafka = KafkaSettings(**overrides(bootstrap=args.bootstrap))
     redact_secrets(kafka.secret_values())
     topics = TopicSettings(**overrides(blocks=args.topic, ready=args.ready_topic, blocks_dlq=args.dlq_topic))
-    writable_dir("--output", args.output)
+    if not is_object_store(args.output):
+        writable_dir("--output", Path(args.output))
     if args.stats_file:
         writable_file("--stats-file", args.stats_file)
     options = from_args(SinkOptions, args, group_id=args.group, dataset=args.dataset_name,
                         dataset_codec=DatasetCodec(args.dataset_codec))
+    # Before the broker: a wrong key or bucket is refused at once, in one line.
+    storage = open_storage(options.output, create=True, part_bytes=options.upload_part_bytes)
     # Before the service: it takes SIGINT as a drain, so a Ctrl-C during this wait
     # (for ever by default) would otherwise go unheard.
     wait_for_cluster(kafka, args.connect_timeout)
-    stats = Sink(kafka, topics, options).run()
+    stats = Sink(kafka, topics, options, storage).run()
     print(f"sink: {stats.describe()}")
     if args.stats_file:
         args.stats_file.write_bytes(orjson.dumps(stats.as_dict()))

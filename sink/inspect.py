@@ -12,31 +12,36 @@ from runtime.errors import UsageError
 from schemas import HiddenStatesReady
 from sink.reader import open_dataset
 from sink.shards import INDEX, SHARDS
+from sink.storage import is_object_store
 
 DATASET = "a dataset written by hsx sink"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", type=Path, help="dataset directory, or a shard file inside one")
+    parser.add_argument("path", help="dataset directory or s3://bucket/prefix, or a shard file inside one")
     parser.add_argument("--sample", help="request id to describe (default: the first)")
 
 
-def _root(path: Path) -> tuple[Path, Path | None]:
-    """The dataset directory PATH names, and the shard when it names one."""
-    if not path.exists():
+def _root(path: str) -> tuple[str, str | None]:
+    """The dataset PATH names, and the shard (relative to it) when it names one."""
+    if is_object_store(path):
+        root, _, name = path.rpartition(f"/{SHARDS}/")
+        return (root, f"{SHARDS}/{name}") if name.endswith(".safetensors") else (path, None)
+    local = Path(path)
+    if not local.exists():
         raise UsageError(f"no dataset at {path} (PATH: {DATASET}, or a shard file in one)")
-    if path.is_file():
-        if path.parent.name != SHARDS:
+    if local.is_file():
+        if local.parent.name != SHARDS:
             raise UsageError(f"PATH {path}: a file, but not a shard (shards lie in a dataset's {SHARDS}/)")
-        return existing_dir("PATH", path.parent.parent, INDEX, DATASET), path.resolve()
-    return existing_dir("PATH", path, INDEX, DATASET), None
+        return str(existing_dir("PATH", local.parent.parent, INDEX, DATASET)), f"{SHARDS}/{local.name}"
+    return str(existing_dir("PATH", local, INDEX, DATASET)), None
 
 
 def run(args: argparse.Namespace) -> int:
-    path: Path = args.path
+    path: str = args.path
     root, only_shard = _root(path)
     dataset = open_dataset(root)
-    ids = [r for r in dataset.request_ids() if only_shard is None or (root / dataset.event(r).shard).resolve() == only_shard]
+    ids = [r for r in dataset.request_ids() if only_shard is None or dataset.event(r).shard == only_shard]
     if args.sample is not None and args.sample not in ids:
         raise UsageError(f"--sample {args.sample}: no such sample in {path}")
     if not ids:
@@ -44,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     events = [dataset.event(r) for r in ids]
     shards = sorted({e.shard for e in events})
-    nbytes = sum((root / s).stat().st_size for s in shards)
+    nbytes = sum(dataset.storage.size(s) for s in shards)
     layer_sets = sorted({tuple(e.layer_ids) for e in events})
     print(f"dataset      {root}")
     print(f"shards       {len(shards)} ({nbytes:,} bytes)")

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from schemas.dataset_codec import DatasetCodec
 
 
 @dataclass(frozen=True)
 class SinkOptions:
-    output: Path
+    output: str
+    """The dataset: a directory or ``s3://bucket/prefix`` (:mod:`sink.storage`)."""
     group_id: str = "hsx-sink"
     dataset: str | None = None
-    """Name used in the deterministic ready-event ids (default: the output folder's name)."""
+    """Name used in the deterministic ready-event ids (default: the output's last path part)."""
     max_shard_bytes: int = 1 << 30
     max_shard_samples: int = 10_000
     max_shard_age: float = 60.0
@@ -33,5 +33,8 @@ class SinkOptions:
     dataset_codec: DatasetCodec = DatasetCodec.RAW
     """How shards store hidden states (``sink.encoding``); raw by default, so any
     safetensors reader loads them."""
+    upload_part_bytes: int = 16 << 20
+    """Multipart part size for an object-store output: memory per shard upload is
+    about five parts, never the shard."""
     health_port: int | None = None
     """Serve /healthz, /readyz and /metrics here (0: any free port; None: off)."""

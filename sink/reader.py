@@ -7,33 +7,39 @@
 
     for sample in follow("kafka:9092", "out/"): ...   # online, as ready events arrive
 
-Shards are memory-mapped (safetensors ``safe_open``); a sample costs only the
-pages it touches. Samples a sink stored with a ``--dataset-codec`` other than raw
+Local shards are memory-mapped (safetensors ``safe_open``); a sample costs only
+the pages it touches. A dataset in an object store (``open_dataset("s3://bucket/prefix")``,
+configured by the ``AWS_*`` environment, see :mod:`sink.storage.s3`) is read with
+ranged reads: a shard's header once, then only each sample's tensors; reading in
+index order fetches up to 64 MiB of a shard per round of parallel requests. Samples a sink stored with a ``--dataset-codec`` other than raw
 are decoded as they are read (``sink.encoding``). PyTorch loaders, batches for speculators and the online
 loader over ``hidden_states.ready`` are in ``trainer/``, built on this module.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
 import os
 import time
 import uuid
+from collections import OrderedDict
+from collections.abc import Iterator
+from itertools import groupby
+from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer
-from safetensors import safe_open
 
 from runtime.kafka import consumer_config
 from runtime.settings import KafkaSettings
 from schemas import HiddenStatesReady
 from schemas.topics import READY
 from sink.encoding import read_hidden_states
+from sink.safetensors_io import RemoteShard, open_shard, prefetch
 from sink.shards import read_indexes
-from sink.storage import LocalStorage, Storage
+from sink.storage import Storage, open_storage
+
+READ_AHEAD_BYTES = 64 << 20
+"""How much of a remote shard one round of requests fetches when reading in order."""
 
 
 class ShardHandles:
@@ -59,11 +65,11 @@ class ShardHandles:
         if relative in self._open:
             self._open.move_to_end(relative)
             return self._open[relative]
-        path = self.storage.local_path(relative)
-        if not path.is_file():
-            raise MissingShard(f"shard {relative} is not in the dataset at {path.parent.parent} "
-                               "(is that the sink's --output, and complete?)")
-        handle = safe_open(str(path), framework="pt")
+        try:
+            handle = open_shard(self.storage, relative)
+        except FileNotFoundError:
+            raise MissingShard(f"shard {relative} is not in the dataset at {self.storage.url} "
+                               "(is that the sink's --output, and complete?)") from None
         self._open[relative] = handle
         if len(self._open) > self._max_open:
             self._open.popitem(last=False)
@@ -75,17 +81,17 @@ class MissingShard(FileNotFoundError):
 
 
 class Dataset:
-    """A read-only view of a dataset directory, as of when it was opened."""
+    """A read-only view of a dataset, as of when it was opened."""
 
-    def __init__(self, root: Path, max_open_shards: int = 16) -> None:
-        self._storage = LocalStorage(root)
+    def __init__(self, storage: Storage, max_open_shards: int = 16) -> None:
+        self.storage = storage
         self._events: dict[str, HiddenStatesReady] = {}
-        for index in read_indexes(self._storage):
+        for index in read_indexes(storage):
             for event in index.events:
                 # The sink writes each request id once; keep the first if a
                 # hand-made directory ever disagrees.
                 self._events.setdefault(event.request_id, event)
-        self.shards = ShardHandles(self._storage, max_open_shards)
+        self.shards = ShardHandles(storage, max_open_shards)
 
     def __len__(self) -> int:
         return len(self._events)
@@ -94,8 +100,12 @@ class Dataset:
         return request_id in self._events
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        for request_id in self._events:
-            yield self[request_id]
+        """Every sample in index order (a shard's samples together)."""
+        for name, events in groupby(self._events.values(), key=lambda event: event.shard):
+            shard = self.shards.get(name)
+            for window in _read_ahead(shard, list(events)):
+                for event in window:
+                    yield _sample(shard, event)
 
     def request_ids(self) -> list[str]:
         return list(self._events)
@@ -109,8 +119,36 @@ class Dataset:
         return _sample(self.shards.get(event.shard), event)
 
 
+def _read_ahead(shard: Any, events: list[HiddenStatesReady]) -> Iterator[list[HiddenStatesReady]]:
+    """The events in windows of about :data:`READ_AHEAD_BYTES`, each window's
+    tensors fetched before it is yielded (a remote shard), so that reading a
+    shard in order costs a few large requests, not a few per sample."""
+    if not isinstance(shard, RemoteShard):
+        yield events
+        return
+    window: list[HiddenStatesReady] = []
+    size = 0
+    for event in events:
+        window.append(event)
+        size += sum(shard.nbytes(name) for name in tensor_names(event))
+        if size >= READ_AHEAD_BYTES:
+            shard.prefetch(name for e in window for name in tensor_names(e))
+            yield window
+            window, size = [], 0
+    if window:
+        shard.prefetch(name for e in window for name in tensor_names(e))
+        yield window
+
+
+def tensor_names(event: HiddenStatesReady) -> list[str]:
+    """The names of a sample's tensors in its shard."""
+    names = event.tensors
+    return [names.hidden_states, names.token_ids] + ([names.loss_mask] if names.loss_mask else [])
+
+
 def _sample(shard: Any, event: HiddenStatesReady) -> dict[str, Any]:
     names = event.tensors
+    prefetch(shard, tensor_names(event))  # a remote sample: its tensors in one round of requests
     return {
         "request_id": event.request_id,
         "token_ids": shard.get_tensor(names.token_ids),
@@ -146,7 +184,7 @@ def follow(
         assigned, last = True, time.monotonic()
 
     consumer.subscribe([topic], on_assign=on_assign)
-    shards = ShardHandles(LocalStorage(Path(dataset)))  # created if the sink has not yet
+    shards = ShardHandles(open_storage(dataset, create=True))  # a local one created if the sink has not yet
     seen: set[str] = set()
     last = time.monotonic()
     try:
@@ -165,20 +203,7 @@ def follow(
         consumer.close()
 
 
-def dataset_root(path: str | Path) -> Path:
-    """The local directory of the dataset at ``path``. Only local (or mounted)
-    directories are readable now; an object-store URL is refused in one line, and
-    is where a remote ``Storage`` will plug in."""
-    text = str(path)
-    if "://" in text:
-        scheme = text.split("://", 1)[0]
-        raise ValueError(f"dataset {text}: {scheme}:// datasets are not supported yet (use a local or mounted path)")
-    root = Path(path)
-    if not root.is_dir():
-        raise FileNotFoundError(f"no dataset at {root}")
-    return root
-
-
 def open_dataset(path: str | Path) -> Dataset:
-    """Open the dataset at ``path`` (the sink's ``--output`` directory)."""
-    return Dataset(dataset_root(path))
+    """Open the dataset at ``path`` (the sink's ``--output``: a directory or
+    ``s3://bucket/prefix``)."""
+    return Dataset(open_storage(path))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 from confluent_kafka import Message, Producer
 
@@ -33,7 +34,7 @@ from sink.partition_count import check_partition_count, refusal
 from sink.ready import ReadyPublisher
 from sink.shards import OpenShard, write_shard
 from sink.stats import SinkStats
-from sink.storage import LocalStorage, Storage
+from sink.storage import Storage, StorageRefused, is_object_store, open_storage
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,8 @@ class Sink:
         self.topic_settings = topics
         self.topics = topics.topics()
         self.options = options
-        self.storage = storage or LocalStorage(options.output)
-        self.dataset = options.dataset or options.output.resolve().name
+        self.storage = storage or open_storage(options.output, create=True, part_bytes=options.upload_part_bytes)
+        self.dataset = options.dataset or dataset_name(options.output)
         self.stats = SinkStats()
         # librdkafka prefetches up to 64 MiB (plus one fetch response) by default,
         # outside the budget the sink pauses on: hold both to a quarter of that
@@ -114,17 +115,21 @@ class Sink:
         partitions = len(producer.list_topics(topic, timeout=30).topics[topic].partitions)
         if not partitions:  # ensure_topics saw it: metadata without partitions is the broker's fault
             raise ServiceFailed(f"the broker's metadata lists no partitions of {topic}; retry once it does")
-        self._recorded_partitions = check_partition_count(self.storage, topic, partitions, str(self.options.output))
+        self._recorded_partitions = check_partition_count(self.storage, topic, partitions, self.options.output)
 
     def assigned(self, partitions: list[TopicPartitionKey]) -> None:
         grown = [p for _, p in partitions if p >= self._recorded_partitions]
         if grown:  # partitions added while we run: stop (a restart refuses before joining)
-            self.member.fail(refusal(str(self.options.output), self.topics.blocks, self._recorded_partitions,
+            self.member.fail(refusal(self.options.output, self.topics.blocks, self._recorded_partitions,
                                      f"at least {max(grown) + 1}"))
             return
         started = time.monotonic()
         for topic, partition in partitions:
-            state = PartitionState.load(self.storage, topic, partition, self.options.incomplete_timeout)
+            try:
+                state = PartitionState.load(self.storage, topic, partition, self.options.incomplete_timeout)
+            except StorageRefused as exc:  # nothing of this partition is processed, so nothing is committed
+                self.member.fail(exc)
+                return
             self._partitions[(topic, partition)] = state
             log.info("%s-%d: %d samples already stored (%d KiB of dedupe keys)", topic, partition, len(state.keys),
                      state.keys.nbytes // 1024)
@@ -212,6 +217,9 @@ class Sink:
             return
         try:
             events = write_shard(self.storage, self.dataset, shard)
+        except StorageRefused as exc:  # keys revoked, bucket gone: retrying cannot help
+            self.member.fail(exc)
+            return
         except OSError as exc:
             log.error("cannot write shard %s (retrying in %.1fs): %s", shard.stem, state.write_failed(), exc)
             return
@@ -265,3 +273,11 @@ class Sink:
 
     def _buffered(self) -> int:
         return sum(s.buffered_bytes for s in self._partitions.values())
+
+
+def dataset_name(output: str) -> str:
+    """The default dataset name: the output's last path part (a directory's
+    resolved name, an object-store URL's last prefix part or its bucket)."""
+    if is_object_store(output):
+        return output.rstrip("/").rsplit("/", 1)[-1]
+    return Path(output).resolve().name

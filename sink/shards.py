@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
-
-import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from typing import Any
 
 import numpy as np
+import torch
 
 from schemas import HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
 from schemas.codec import checksum
@@ -36,6 +34,7 @@ from schemas.keys import KEY_RECORD, encode_keys, request_key, token_key
 from schemas.shard import ShardMetadata
 from sink.assembler import Sample
 from sink.encoding import stored_tensor
+from sink.safetensors_io import open_shard, write_safetensors
 from sink.storage import Storage
 
 SHARDS = "shards"
@@ -132,7 +131,8 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
         model=first.model, layer_ids=first.layer_ids, dtype=first.dtype, hidden_size=first.hidden_size,
         request_ids=[s.manifest.request_id for s in shard.samples], codec=shard.samples[0].codec,
     ).to_safetensors()
-    storage.write_atomic_with(shard_path, lambda tmp: _save(tensors, metadata, tmp))
+    with storage.open_atomic(shard_path) as out:
+        write_safetensors(out, tensors, metadata)
     storage.write_atomic(f"{KEYS}/{stem}.keys", encode_keys(shard_keys(shard)))
     index = ShardIndex(shard=shard_path, topic=shard.topic, partition=shard.partition,
                        first_offset=shard.samples[0].manifest_offset, events=events)
@@ -147,20 +147,12 @@ def shard_keys(shard: OpenShard) -> np.ndarray:
                      for s in shard.samples], dtype=KEY_RECORD)
 
 
-def _save(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: Path) -> None:
-    try:
-        save_file(tensors, path, metadata)
-    except SafetensorError as exc:  # safetensors wraps I/O errors (full disk, ...): callers retry OSErrors
-        raise OSError(f"cannot write {path.name}: {exc}") from exc
-
-
 def read_indexes(storage: Storage, prefix: str = "") -> list[ShardIndex]:
-    """Every shard index (optionally only those whose name starts with ``prefix``)."""
-    return [
-        ShardIndex.model_validate_json(storage.read(path))
-        for path in storage.list(INDEX)
-        if path.rsplit("/", 1)[-1].startswith(prefix) and path.endswith(".json")
-    ]
+    """Every shard index (optionally only those whose name starts with ``prefix``),
+    in name order; read 16 at a time, as each is a round trip on an object store."""
+    paths = [path for path in storage.list(INDEX, starting=prefix) if path.endswith(".json")]
+    with ThreadPoolExecutor(16) as pool:
+        return [ShardIndex.model_validate_json(data) for data in pool.map(storage.read, paths)]
 
 
 def partition_stems(storage: Storage, folder: str, prefix: str, suffix: str, after: str = "") -> list[str]:
@@ -201,11 +193,11 @@ def remove_orphans(storage: Storage, prefix: str, last_indexed: str | None) -> l
 def stored_token_ids(storage: Storage, event: HiddenStatesReady) -> list[int]:
     """The token ids of a sample already in the dataset (read once per shard, to
     build a key file the shard does not have yet)."""
-    return _open_shard(str(storage.local_path(event.shard))).get_tensor(event.tensors.token_ids).tolist()
+    return _open_shard(storage, event.shard).get_tensor(event.tensors.token_ids).tolist()
 
 
 @lru_cache(maxsize=4)
-def _open_shard(path: str):  # type: ignore[no-untyped-def]
+def _open_shard(storage: Storage, relative: str) -> Any:
     # Building a key file reads every sample of one shard: keeping the last few
     # open spares re-reading a large header per sample.
-    return safe_open(path, framework="pt")
+    return open_shard(storage, relative)

@@ -37,6 +37,7 @@ from runtime.errors import UsageError
 from schemas.training import ExportMetadata, LossMaskPolicy
 from sink.inspect import DATASET
 from sink.shards import INDEX
+from sink.storage import is_object_store
 from trainer.dataset import HsxDataset
 from trainer.samples import layer_list
 
@@ -46,7 +47,8 @@ TOKEN_FREQ = "token_freq.pt"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out", type=Path, help="output directory (must not exist)")
-    parser.add_argument("--dataset", type=Path, required=True, help="the dataset written by hsx sink")
+    parser.add_argument("--dataset", required=True, help="the dataset written by hsx sink (a directory or "
+                                                         "s3://bucket/prefix)")
     parser.add_argument("--format", choices=["speculators"], default="speculators", help="target layout")
     parser.add_argument("--layers", type=layer_list, default=None,
                         help="aux layer ids in slot order, as the draft's target_layer_ids, e.g. 2,15,27 "
@@ -57,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "every token, none = no token (such rows are dropped); default all")
 
 
-def _open(dataset_path: Path, layers: list[int] | None, policy: LossMaskPolicy) -> HsxDataset:
+def _open(dataset_path: str | Path, layers: list[int] | None, policy: LossMaskPolicy) -> HsxDataset:
     try:
         return HsxDataset(dataset_path, layers=layers, loss_mask=policy)
     except ValueError as exc:
@@ -67,7 +69,7 @@ def _open(dataset_path: Path, layers: list[int] | None, policy: LossMaskPolicy) 
 def _rows(dataset_path: str, layers: tuple[int, ...] | None, policy: LossMaskPolicy) -> Iterator[dict[str, Any]]:
     # Module-level and fed plain values: `datasets` pickles the generator to fingerprint it,
     # and splits list arguments into shards (so the layers come as a tuple).
-    dataset = _open(Path(dataset_path), None if layers is None else list(layers), policy)
+    dataset = _open(dataset_path, None if layers is None else list(layers), policy)
     for row in range(len(dataset)):
         ids, mask = dataset.tokens(row)
         yield {"input_ids": ids.tolist(), "loss_mask": mask.tolist(), "seq_len": int(ids.shape[0])}
@@ -83,7 +85,7 @@ def token_frequencies(pairs: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> dic
     return dict(counts)
 
 
-def export_speculators(dataset_path: Path, out: Path, layers: list[int] | None = None,
+def export_speculators(dataset_path: str | Path, out: Path, layers: list[int] | None = None,
                        policy: LossMaskPolicy = "all") -> ExportMetadata:
     """Write ``out`` from the dataset at ``dataset_path``; returns what
     ``hsx_export.json`` says."""
@@ -126,9 +128,10 @@ def train_command(out: Path, metadata: ExportMetadata) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    existing_dir("--dataset", args.dataset, INDEX, DATASET)
     new_dir("OUT", args.out)
-    outside("OUT", args.out, "--dataset", args.dataset)
+    if not is_object_store(args.dataset):
+        existing_dir("--dataset", Path(args.dataset), INDEX, DATASET)
+        outside("OUT", args.out, "--dataset", Path(args.dataset))
     metadata = export_speculators(args.dataset, args.out, args.layers, args.loss_mask)
     dropped = f", {metadata.dropped_unsupervised} without a supervised token dropped" \
         if metadata.dropped_unsupervised else ""

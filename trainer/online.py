@@ -53,8 +53,8 @@ from runtime.settings import KafkaSettings
 from schemas import format_validation_error
 from schemas.topics import READY
 from schemas.training import LossMaskPolicy, OnlineLoaderState
-from sink.reader import ShardHandles, dataset_root
-from sink.storage import LocalStorage
+from sink.reader import ShardHandles
+from sink.storage import open_storage
 from trainer.consume import ConsumeOptions, consume
 from trainer.offsets import Position, Progress
 from trainer.samples import TrainingSample
@@ -94,7 +94,7 @@ class ReadyStream(torch.utils.data.IterableDataset[TrainingSample]):
         self.options = ConsumeOptions(kafka=settings, topic=topic, group_id=group_id, layers=layers,
                                       policy=loss_mask, shuffle_buffer=shuffle_buffer, seed=seed,
                                       idle_timeout=idle_timeout, dedupe_window=dedupe_window, until_end=until_end)
-        self._shards = ShardHandles(LocalStorage(dataset_root(dataset)))
+        self._shards = ShardHandles(open_storage(dataset))
         self._progress = Progress()
         self._committer: Consumer | None = None
 

@@ -70,9 +70,9 @@ def test_bad_layer_choices_are_one_line(aux: list[int], message: str) -> None:
         choose_layers([1, 2, 3, 4], aux)
 
 
-def test_an_object_store_url_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"s3:// datasets are not supported yet"):
-        HsxDataset("s3://bucket/hs")
+def test_an_unknown_storage_scheme_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"gs:// is not supported \(s3:// or a local path\)"):
+        HsxDataset("gs://bucket/hs")
 
 
 def test_packed_collate_cuts_at_total_length(dataset: Path) -> None:

@@ -1,0 +1,40 @@
+"""Where a dataset lives: a local directory or an S3-compatible object store,
+behind one small interface (:class:`Storage`) that the sink writes through and
+the readers read through.
+
+    storage = open_storage("out/")                 # LocalStorage
+    storage = open_storage("s3://bucket/prefix")   # S3Storage (AWS_* environment)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sink.storage.base import Storage, StorageRefused, StorageUnavailable, UnsafePath, Writer
+from sink.storage.local import LocalStorage
+
+__all__ = ["LocalStorage", "Storage", "StorageRefused", "StorageUnavailable", "UnsafePath", "Writer",
+           "is_object_store", "open_storage"]
+
+
+def is_object_store(location: str | Path) -> bool:
+    return str(location).startswith("s3://")
+
+
+def open_storage(location: str | Path, *, create: bool = False, part_bytes: int | None = None) -> Storage:
+    """The storage at ``location``: ``s3://bucket/prefix`` or a directory
+    (created when ``create``; else it must exist). An object store is probed
+    with one request, so that a wrong key or bucket fails here, in one line."""
+    text = str(location)
+    if "://" in text and not is_object_store(text):
+        raise ValueError(f"dataset {text}: {text.split('://', 1)[0]}:// is not supported (s3:// or a local path)")
+    if is_object_store(text):
+        from sink.storage.s3 import DEFAULT_PART_BYTES, S3Storage  # obstore loads only for s3:// datasets
+
+        storage = S3Storage(text, part_bytes or DEFAULT_PART_BYTES)
+        storage.probe()
+        return storage
+    root = Path(location)
+    if not create and not root.is_dir():
+        raise FileNotFoundError(f"no dataset at {root}")
+    return LocalStorage(root)

@@ -1,0 +1,175 @@
+"""A dataset in an S3-compatible object store (AWS S3, MinIO, Ceph, SeaweedFS),
+through obstore (Rust's ``object_store``).
+
+Configuration is the AWS convention, read from the environment by the library:
+``AWS_ENDPOINT_URL`` (unset for AWS itself), ``AWS_REGION``,
+``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, or
+the rest of the usual chain (web identity / IRSA, ECS and instance metadata).
+A plain ``http://`` endpoint is allowed as given. Credentials never reach a
+message: errors name the dataset URL, the operation and the S3 error code.
+
+The library retries what can pass (5xx, timeouts, throttling) with backoff;
+what still fails becomes :class:`StorageUnavailable` (the sink keeps its data
+and retries later). What cannot pass (access denied, no such bucket) becomes
+:class:`StorageRefused`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import obstore
+from obstore.exceptions import BaseError, PermissionDeniedError, UnauthenticatedError
+from obstore.store import S3Store
+
+from runtime.errors import UsageError
+from sink.storage.base import StorageRefused, StorageUnavailable, checked_parts
+
+MIN_PART_BYTES = 5 << 20
+"""S3's smallest multipart part (all but the last)."""
+DEFAULT_PART_BYTES = 16 << 20
+UPLOAD_CONCURRENCY = 4
+"""Parts in flight per upload: memory is about (this + 1) x the part size."""
+_REFUSED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchBucket",
+                  "InvalidBucketName", "AllAccessDisabled", "AccountProblem", "InvalidToken", "ExpiredToken", "403"}
+_CODE = re.compile(r"<Code>(\w+)</Code>")
+_LIST_PAGE = 1000
+
+
+class S3Storage:
+    def __init__(self, url: str, part_bytes: int = DEFAULT_PART_BYTES) -> None:
+        bucket, _, prefix = url.removeprefix("s3://").partition("/")
+        if not url.startswith("s3://") or not bucket:
+            raise UsageError(f"{url}: an object-store dataset is s3://BUCKET[/PREFIX]")
+        if part_bytes < MIN_PART_BYTES:
+            raise UsageError(f"upload part size {part_bytes} is below S3's minimum of {MIN_PART_BYTES} bytes")
+        self.url = url.rstrip("/")
+        self.bucket, self.prefix, self.part_bytes = bucket, prefix.strip("/"), part_bytes
+        self._store: S3Store | None = None
+        self._pid = 0
+
+    def __getstate__(self) -> dict[str, Any]:  # a DataLoader worker makes its own client
+        return {**self.__dict__, "_store": None}
+
+    @property
+    def store(self) -> S3Store:
+        if self._store is None or self._pid != os.getpid():  # a forked child makes its own client
+            endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
+            self._store = S3Store(self.bucket, prefix=self.prefix or None,
+                                  client_options={"allow_http": True} if endpoint.startswith("http://") else None)
+            self._pid = os.getpid()
+        return self._store
+
+    def probe(self) -> None:
+        """One listing request, so that a wrong key or bucket is refused at start,
+        before anything else happens."""
+        with self._translated("list", ""):
+            next(iter(obstore.list(self.store, None, chunk_size=1)), None)
+
+    def local_path(self, relative: str) -> None:
+        return None
+
+    def write_atomic(self, relative: str, data: bytes) -> None:
+        with self._translated("write", relative):
+            obstore.put(self.store, _key(relative), data)
+
+    @contextmanager
+    def open_atomic(self, relative: str) -> Iterator[_PartWriter]:
+        """A multipart upload of ``part_bytes`` parts, completed when the block
+        exits and aborted when it raises, so the object is whole or absent."""
+        with self._translated("write", relative):
+            with obstore.open_writer(self.store, _key(relative), buffer_size=self.part_bytes,
+                                     max_concurrency=UPLOAD_CONCURRENCY) as writer:
+                yield _PartWriter(writer, self.part_bytes)
+
+    def read(self, relative: str) -> bytes:
+        with self._translated("read", relative):
+            return bytes(obstore.get(self.store, _key(relative)).bytes())
+
+    def read_ranges(self, relative: str, ranges: Sequence[tuple[int, int]]) -> list[memoryview]:
+        if not ranges:
+            return []
+        with self._translated("read", relative):
+            if len(ranges) == 1:  # get_range cuts a range past the end; get_ranges refuses it
+                start, end = ranges[0]
+                return [memoryview(obstore.get_range(self.store, _key(relative), start=start, end=end))]
+            wanted = [(start, end) for start, end in ranges if end > start]  # S3 has no empty range
+            parts = iter(obstore.get_ranges(self.store, _key(relative), starts=[s for s, _ in wanted],
+                                            ends=[e for _, e in wanted]) if wanted else [])
+            return [memoryview(next(parts)) if end > start else memoryview(b"") for start, end in ranges]
+
+    def list(self, prefix: str, starting: str = "", after: str = "") -> list[str]:
+        folder = _key(prefix)
+        names: list[str] = []
+        with self._translated("list", prefix):
+            # StartAfter: the listing begins at the first name that can match, and
+            # stops at the first past ``starting`` (keys come sorted).
+            pages = obstore.list(self.store, folder, offset=f"{folder}/{max(starting, after)}", chunk_size=_LIST_PAGE)
+            for page in pages:
+                for meta in page:
+                    name = meta["path"][len(folder) + 1:]
+                    if not name.startswith(starting):
+                        if name > starting:
+                            return sorted(names)
+                        continue
+                    if "/" not in name and not name.startswith(".") and name > after:
+                        names.append(f"{prefix}/{name}")
+        return sorted(names)
+
+    def size(self, relative: str) -> int:
+        with self._translated("read", relative):
+            return int(obstore.head(self.store, _key(relative))["size"])
+
+    def delete(self, relative: str) -> None:
+        with self._translated("delete", relative):
+            obstore.delete(self.store, _key(relative))
+
+    @contextmanager
+    def _translated(self, operation: str, relative: str) -> Iterator[None]:
+        """obstore's errors as hsx's: refused, unavailable, or (an absent object)
+        FileNotFoundError, each naming the URL and the S3 error code only."""
+        where = f"{self.url}/{relative}".rstrip("/")
+        try:
+            yield
+        except (BaseError, FileNotFoundError) as exc:  # obstore's NotFoundError is a FileNotFoundError
+            raise _translate(exc, operation, where, self.bucket) from None
+
+
+def _translate(exc: Exception, operation: str, where: str, bucket: str) -> Exception:
+    text = str(exc)
+    code = (_CODE.search(text) or re.search(r"(?<!\w)(\d{3}) [A-Z]", text) or [None, type(exc).__name__])[1]
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or "AWS S3"
+    if code == "NoSuchBucket":
+        return StorageRefused(f"{where}: bucket {bucket!r} does not exist at {endpoint} (create it first)")
+    if "169.254.169.254" in text or "169.254.170.2" in text:  # the chain fell through to instance metadata
+        return StorageRefused(f"{where}: no AWS credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                              "or run with a role); instance metadata did not answer")
+    if code in _REFUSED_CODES or isinstance(exc, PermissionDeniedError | UnauthenticatedError):
+        return StorageRefused(f"{where}: {operation} refused by {endpoint} ({code}): check AWS_ACCESS_KEY_ID / "
+                              "AWS_SECRET_ACCESS_KEY (or the role) and the bucket's policy")
+    if isinstance(exc, FileNotFoundError):
+        return FileNotFoundError(f"{where}: no such object")
+    first_line = text.split("\n", 1)[0][:300]
+    return StorageUnavailable(f"{where}: {operation} failed after retries ({code}): {first_line}")
+
+
+def _key(relative: str) -> str:
+    return "/".join(checked_parts(relative))
+
+
+class _PartWriter:
+    """Hands the upload at most one part at a time: obstore copies what ``write``
+    is given, so a shard-sized tensor written in one call would sit in memory twice."""
+
+    def __init__(self, writer: Any, part_bytes: int) -> None:
+        self._writer, self._part = writer, part_bytes
+
+    def write(self, data: bytes | memoryview, /) -> int:
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), self._part):
+            self._writer.write(view[start:start + self._part])
+        return len(view)
