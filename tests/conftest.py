@@ -1,14 +1,19 @@
 """Shared fixtures: one real Kafka-protocol broker per test session (found in the
 order design.md fixes) and fresh topic names per test so tests never see each
-other's records."""
+other's records; likewise one S3 service per session (``HSX_TEST_S3_ENDPOINT``,
+else a local SeaweedFS server) and a fresh dataset prefix per test."""
 
 from __future__ import annotations
 
 import logging
+import os
+import re
+import uuid
 from collections.abc import Iterator
 
 import pytest
 
+from hsx.dev.s3server import AWS_ENV_OVERRIDDEN, S3Service, dev_s3
 from hsx.dev.topics import fresh_topic_settings
 from runtime.broker import dev_bootstrap
 from runtime.settings import KafkaSettings, TopicSettings
@@ -42,3 +47,46 @@ def restore_root_logging() -> Iterator[None]:
 def topic_settings() -> TopicSettings:
     """Topic names unique to this test, two partitions each."""
     return fresh_topic_settings(partitions=2)
+
+
+TEST_BUCKET_ENV = "HSX_TEST_S3_BUCKET"
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Service]:
+    """The S3 service of this session: ``HSX_TEST_S3_ENDPOINT`` (keys from
+    ``HSX_TEST_S3_ACCESS_KEY_ID`` / ``HSX_TEST_S3_SECRET_ACCESS_KEY``, else
+    ``AWS_*``), else a local SeaweedFS server started on first use (about 3 s).
+    ``s3_server.can_pause`` says whether outage tests can ``pause()`` it."""
+    with dev_s3() as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
+def s3_bucket(s3_server: S3Service) -> str:
+    """The session's bucket (``HSX_TEST_S3_BUCKET``, default ``hsx-test``), created
+    when missing. Tests share it and keep apart by prefix (``s3_dataset_url``)."""
+    bucket = os.environ.get(TEST_BUCKET_ENV) or "hsx-test"
+    s3_server.create_bucket(bucket, exist_ok=True)
+    return bucket
+
+
+@pytest.fixture
+def s3_env(s3_server: S3Service, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The ``AWS_*`` environment of this test points at ``s3_server`` (for product
+    code and child processes that read it); credentials of the caller's shell that
+    would interfere (session token, profile) are removed. Undone after the test."""
+    for name in AWS_ENV_OVERRIDDEN:
+        monkeypatch.delenv(name, raising=False)
+    env = s3_server.environ()
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
+@pytest.fixture
+def s3_dataset_url(request: pytest.FixtureRequest, s3_bucket: str, s3_env: dict[str, str]) -> str:
+    """``s3://<bucket>/<test name>-<random>``: a prefix no other test or run uses,
+    with the test's ``AWS_*`` environment set (``s3_env``) so it opens as is."""
+    name = re.sub(r"[^a-z0-9_-]+", "-", request.node.name.lower()).strip("-")[:48]
+    return f"s3://{s3_bucket}/{name}-{uuid.uuid4().hex[:8]}"

