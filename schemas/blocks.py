@@ -44,6 +44,12 @@ class DType(str, Enum):
         return 4 if self is DType.FLOAT32 else 2
 
 
+Quantization = Literal["fp8"]
+"""How a block of codec version 2 quantized its rows. ``fp8``: E4M3FN codes with
+one float32 scale per token and layer, ``amax / 448`` (:mod:`schemas.fp8`, which
+documents the error bound)."""
+
+
 class RecordKind(str, Enum):
     BLOCK = "block"
     MANIFEST = "manifest"
@@ -62,28 +68,48 @@ class BlockHeader(StrictModel):
     """Self-describing header at the front of every block record value: enough to
     decode and verify the block without its manifest."""
 
-    codec_version: Literal[1] = 1
+    codec_version: Literal[1, 2] = 1
+    """1: the payload holds the rows' bytes of ``dtype``. 2: it holds them
+    quantized as ``quantization`` says. Version 1 records are written exactly as
+    before version 2 existed, so sinks of either age read them."""
     codec: Codec
     dtype: DType
+    """The rows' element type; for a quantized block, the type they came from and
+    dequantize to (the model's)."""
     shape: tuple[PositiveInt, PositiveInt, PositiveInt]
     """``[num_tokens_in_block, num_layers, hidden_size]``."""
     token_start: NonNegativeInt
     token_end: PositiveInt
     checksum: Checksum
-    """Of the raw (uncompressed) bytes, so decoding is verified end to end."""
+    """Of the raw (uncompressed) bytes, so decoding is verified end to end. For a
+    quantized block: of what was sent, the scales' bytes then the codes' bytes."""
     segments: list[Segment] = Field(min_length=1)
     """The payload's segments in order: one per byte plane for ``byteplane-zstd``,
-    a single one otherwise."""
+    a single one otherwise; for ``fp8``, the scales (``[tokens, layers]``
+    little-endian float32) then the codes (``[tokens, layers, hidden]`` uint8),
+    each zstd-compressed unless ``codec`` is ``none`` (one-byte codes have one
+    byte plane, so ``byteplane-zstd`` and ``zstd`` are the same there)."""
+    quantization: Quantization | None = None
+    """Set exactly when ``codec_version`` is 2."""
+
+    @property
+    def part_nbytes(self) -> list[int]:
+        """The raw size of each part the checksum covers, in order."""
+        tokens, layers, hidden = self.shape
+        if self.quantization == "fp8":
+            return [tokens * layers * 4, tokens * layers * hidden]
+        return [tokens * layers * hidden * self.dtype.itemsize]
 
     @property
     def raw_nbytes(self) -> int:
-        tokens, layers, hidden = self.shape
-        return tokens * layers * hidden * self.dtype.itemsize
+        return sum(self.part_nbytes)
 
     @model_validator(mode="after")
     def _token_range_matches_shape(self) -> BlockHeader:
         if self.token_end - self.token_start != self.shape[0]:
             raise ValueError("token_end - token_start must equal shape[0]")
+        if (self.codec_version == 2) != (self.quantization is not None):
+            raise ValueError("quantization is set on codec version 2 blocks and only there")
         return self
 
 
@@ -175,6 +201,9 @@ class Manifest(StrictModel):
     """Half-open token ranges ``[start, end)`` the trainer learns from (the
     assistant turns of a chat); ``None`` when the prompt was not a chat."""
     codec: Codec
+    quantization: Quantization | None = None
+    """Set when every block is quantized so (``hsx extract --wire-dtype fp8``);
+    ``dtype`` stays the model's, which the blocks dequantize to."""
     blocks: list[BlockRef] = Field(min_length=1)
     metadata: dict[str, JsonValue] | None = None
     source: SourceRef

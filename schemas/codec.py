@@ -11,7 +11,7 @@ zstd-compressed on its own: the sign/exponent bytes of bfloat16 hidden states ar
 highly repetitive and compress well once separated from the noisy mantissa bytes.
 A plane that would not shrink is stored raw. ``zstd`` (whole block) and ``none``
 remain for comparison. The header carries a CRC-32 of the raw bytes, checked on
-every decode.
+every decode. Codec version 2 blocks carry fp8 rows instead (:mod:`schemas.fp8_blocks`).
 """
 
 from __future__ import annotations
@@ -60,9 +60,13 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return _local.decompressor
 
 
-def checksum(raw: Buffer) -> str:
-    """The checksum format used in block headers and manifests."""
-    return f"crc32:{zlib.crc32(raw) & 0xFFFFFFFF:08x}"
+def checksum(*parts: Buffer) -> str:
+    """The checksum format used in block headers and manifests, of ``parts``
+    back to back (without joining them)."""
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    return f"crc32:{crc & 0xFFFFFFFF:08x}"
 
 
 def encode_block(
@@ -152,8 +156,10 @@ def read_frame(value: Buffer, magic: bytes, model: type[H], what: str) -> tuple[
 
 
 def frame(magic: bytes, header: BaseModel, parts: list[Buffer]) -> bytes:
-    """``magic | u32 header length | JSON header | parts``: one record's bytes."""
-    header_bytes = header.model_dump_json().encode()
+    """``magic | u32 header length | JSON header | parts``: one record's bytes.
+    Unset (``None``) fields are left out, so that a header field added later
+    (``quantization``) leaves the records without it exactly as they were."""
+    header_bytes = header.model_dump_json(exclude_none=True).encode()
     return b"".join([_PREFIX.pack(magic, len(header_bytes)), header_bytes, *parts])
 
 
@@ -163,10 +169,16 @@ def decode_block(value: Buffer) -> tuple[BlockHeader, bytes]:
     header, payload = read_header(value)
     if sum(s.nbytes for s in header.segments) != payload.nbytes:
         raise CorruptBlock(f"payload is {payload.nbytes} bytes, header says {sum(s.nbytes for s in header.segments)}")
-    expected_planes = header.dtype.itemsize if header.codec is Codec.BYTEPLANE_ZSTD else 1
+    if header.quantization is not None:
+        expected_planes = len(header.part_nbytes)
+    else:
+        expected_planes = header.dtype.itemsize if header.codec is Codec.BYTEPLANE_ZSTD else 1
     if len(header.segments) != expected_planes:
-        raise CorruptBlock(f"{len(header.segments)} segments for codec {header.codec.value}, expected {expected_planes}")
-    if header.codec is Codec.BYTEPLANE_ZSTD:
+        what = f"codec {header.codec.value}" + (f" with {header.quantization}" if header.quantization else "")
+        raise CorruptBlock(f"{len(header.segments)} segments for {what}, expected {expected_planes}")
+    if header.quantization is not None:
+        raw = _decode_parts(header, payload)
+    elif header.codec is Codec.BYTEPLANE_ZSTD:
         raw = _decode_planes(header, payload)
     elif header.segments[0].encoding == "raw":
         _check_raw(payload, header.raw_nbytes)
@@ -177,6 +189,15 @@ def decode_block(value: Buffer) -> tuple[BlockHeader, bytes]:
     if actual != header.checksum:
         raise CorruptBlock(f"checksum mismatch: {actual} != {header.checksum}")
     return header, raw
+
+
+def _decode_parts(header: BlockHeader, payload: memoryview) -> bytes:
+    """A quantized block's parts (``header.part_nbytes``), each one segment, back to back."""
+    parts, offset = [], 0
+    for segment, size in zip(header.segments, header.part_nbytes):
+        parts.append(unpack_segment(payload[offset : offset + segment.nbytes], segment, size))
+        offset += segment.nbytes
+    return b"".join(parts)
 
 
 _WORDS = {2: np.dtype("<u2"), 4: np.dtype("<u4")}

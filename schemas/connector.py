@@ -6,7 +6,7 @@ the completion channel."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue
 
@@ -21,6 +21,10 @@ DISCARD_KEY = "hsx_discard"
 earlier turn of a chat regenerated turn by turn)."""
 EXTRA_CONFIG_KEY = "hsx"
 """Key of :class:`ConnectorConfig` inside ``kv_connector_extra_config``."""
+WireDType = Literal["model", "fp8"]
+"""What block records carry: the rows in the model's dtype, or ``fp8`` (E4M3FN
+codes and a float32 scale per token and layer, quantized on the device before
+the copy to the host; :mod:`schemas.fp8` documents the error bound)."""
 
 
 class RequestParams(StrictModel):
@@ -52,6 +56,7 @@ class ConnectorConfig(StrictModel):
     """Model name recorded in every manifest."""
     codec: Codec = Codec.BYTEPLANE_ZSTD
     codec_level: int = 1
+    wire_dtype: WireDType = "model"
     block_bytes: Annotated[int, Field(ge=4096)] = 1 << 20
     """Target raw size of one block record; blocks hold whole tokens."""
     compress_threads: Annotated[int, Field(ge=1, le=64)] = 2

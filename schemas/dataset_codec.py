@@ -95,12 +95,24 @@ def encode_sample(raw: Buffer, *, shape: Shape, dtype: DType, codec: DatasetCode
         return encode_block(raw, shape=shape, dtype=dtype, token_start=0, codec=Codec.BYTEPLANE_ZSTD,
                             **({} if level is None else {"level": level}))
     codes, scales = to_fp8(widen(raw, shape, dtype))
-    parts: list[Buffer] = [scales.astype("<f4").tobytes(), codes.tobytes()]
+    return encode_fp8_sample(codes, scales, dtype=dtype, codec=codec, level=level)
+
+
+def encode_fp8_sample(codes: np.ndarray, scales: np.ndarray, *, dtype: DType, codec: DatasetCodec,
+                      level: int | None = None) -> bytes:
+    """An ``fp8`` or ``fp8-zstd`` sample of codes and scales quantized already
+    (:func:`schemas.fp8.to_fp8`, or fp8 block records as the connector sent
+    them): the codes are stored as they are, never widened and quantized again."""
+    codec = DatasetCodec(codec)
+    if codec not in (DatasetCodec.FP8, DatasetCodec.FP8_ZSTD) or codes.dtype != np.uint8 or codes.ndim != 3 \
+            or scales.shape != codes.shape[:2]:
+        raise ValueError(f"{codec.value} cannot store fp8 codes {codes.dtype} {codes.shape} with scales {scales.shape}")
+    parts: list[Buffer] = [np.ascontiguousarray(scales, dtype="<f4"), np.ascontiguousarray(codes)]
     if codec is DatasetCodec.FP8_ZSTD:
         packed = [pack_segment(part, FP8_ZSTD_LEVEL if level is None else level) for part in parts]
     else:
-        packed = [(Segment(encoding="raw", nbytes=len(part)), part) for part in parts]
-    header = Fp8Header(codec=codec.value, dtype=dtype, shape=shape, checksum=checksum(b"".join(parts)),
+        packed = [(Segment(encoding="raw", nbytes=memoryview(part).nbytes), part) for part in parts]
+    header = Fp8Header(codec=codec.value, dtype=dtype, shape=codes.shape, checksum=checksum(*parts),
                        segments=[segment for segment, _ in packed])
     return frame(FP8_MAGIC, header, [part for _, part in packed])
 
@@ -163,6 +175,8 @@ def _decode_records(payload: Buffer, shape: Shape, dtype: DType) -> bytes:
     parts, tokens = [], 0
     for i, record in enumerate(split_records(payload)):
         header, raw = decode_block(record)
+        if header.quantization is not None:
+            raise CorruptBlock(f"block record {i} holds {header.quantization} rows, a byteplane-zstd sample their bytes")
         if header.dtype is not dtype or header.shape[1:] != shape[1:] or header.token_start != tokens:
             raise CorruptBlock(f"block record {i} holds tokens [{header.token_start}, {header.token_end}) of "
                                f"{header.shape[1:]} {header.dtype.value}, expected tokens from {tokens} of "

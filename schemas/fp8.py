@@ -45,6 +45,8 @@ SUBNORMAL_STEP_BOUND = 2.0**-10
 """Worst absolute error, in units of the scale, of a value that is subnormal after scaling."""
 FLOAT32_SLACK = 2.0**-20
 """Relative slack for the two float32 roundings (division, product) around E4M3's."""
+MIN_SCALE = 2.0**-126
+"""The scales' floor, float32's smallest normal: an all-zero row still divides."""
 
 _U32 = np.dtype("<u4")
 
@@ -93,7 +95,7 @@ def scales_for(values: np.ndarray) -> np.ndarray:
     """The ``[tokens, layers]`` float32 scales of float32 ``values``: ``amax / 448``,
     floored at float32's smallest normal, so that an all-zero row still divides."""
     amax = np.abs(values).max(axis=-1)
-    return np.maximum(amax / np.float32(E4M3_MAX), np.float32(2.0**-126))
+    return np.maximum(amax / np.float32(E4M3_MAX), np.float32(MIN_SCALE))
 
 
 def to_fp8(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
