@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import orjson
 import zstandard
@@ -20,7 +20,7 @@ from runtime.kafka.admin import add_connect_timeout, wait_for_cluster
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, from_args, overrides
 from runtime.logs import redact_secrets
 from schemas import Codec
-from schemas.connector import ConnectorConfig
+from schemas.connector import ConnectorConfig, WireDType
 
 _CONNECTOR = {name: field.default for name, field in ConnectorConfig.model_fields.items()}
 _SERVICE = ExtractorOptions()
@@ -119,6 +119,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     service.add_argument("--stats-file", type=Path, help="write the final statistics here as JSON")
     service.add_argument("--codec", type=enum_value(Codec), choices=list(Codec), default=_CONNECTOR["codec"],
                          metavar="{" + ",".join(c.value for c in Codec) + "}")
+    service.add_argument("--wire-dtype", choices=list(get_args(WireDType)), default=_CONNECTOR["wire_dtype"],
+                         help="what block records carry: 'model', the hidden states in the model's dtype "
+                              "(lossless); 'fp8', E4M3 codes with a float32 scale per token and layer, "
+                              "quantized on the device before the copy to the host: half of bf16's bytes "
+                              "before compression, about 0.6x after (SmolLM2); each element's error is at "
+                              "most 2**-4 of it or 2**-10 of its row's scale (schemas/fp8.py). Needs a sink of "
+                              "this version: its --dataset-codec fp8/fp8-zstd stores the codes as sent, the "
+                              "others dequantize (default %(default)s)")
     service.add_argument("--codec-level", type=integer(high=zstandard.MAX_COMPRESSION_LEVEL),
                          default=_CONNECTOR["codec_level"], help="zstd level (default %(default)s)")
     service.add_argument("--block-bytes", type=bounded(ConnectorConfig, "block_bytes"), default=_CONNECTOR["block_bytes"],

@@ -198,9 +198,11 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _gather(self, job: SendJob) -> Gathered:
         assert self._cache is not None
+        fp8 = self._config.wire_dtype == "fp8"  # quantized on the device, before the copy to the host
         if self._cuda is not None:
-            return self._cuda.gather(self._cache, job.block_ids, len(job.token_ids), self._block_size, job.first_row)
-        return gather_cpu(self._cache, job.block_ids, len(job.token_ids), self._block_size, job.first_row)
+            return self._cuda.gather(self._cache, job.block_ids, len(job.token_ids), self._block_size, job.first_row,
+                                     fp8=fp8)
+        return gather_cpu(self._cache, job.block_ids, len(job.token_ids), self._block_size, job.first_row, fp8=fp8)
 
     def get_finished_count(self) -> int | None:
         return 1  # only rank 0 reports sends

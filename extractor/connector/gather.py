@@ -40,6 +40,13 @@ class Gathered:
     """Pinned buffer to give back to its pool once the bytes are encoded."""
     scales: torch.Tensor | None = None
     """fp8 only: the ``[num_tokens, num_layers]`` float32 scales (``schemas.fp8``)."""
+    dtype: torch.dtype | None = None
+    """The cache's dtype, which fp8 codes dequantize to; ``tensor.dtype`` when unset."""
+
+    @property
+    def source_dtype(self) -> torch.dtype:
+        """The element type the hidden states had in the cache (the model's)."""
+        return self.dtype or self.tensor.dtype
 
     def wait(self) -> torch.Tensor:
         """Block until the device-to-host copy finished; returns the tensor."""
@@ -58,9 +65,14 @@ def gather_rows(cache: torch.Tensor, block_ids: list[int], num_tokens: int, bloc
 
 
 def gather_cpu(cache: torch.Tensor, block_ids: list[int], num_tokens: int, block_size: int,
-               first: int = 0) -> Gathered:
-    """CPU backend: the gather is itself the one copy into a fresh tensor."""
-    return Gathered(gather_rows(cache, block_ids, num_tokens, block_size, first))
+               first: int = 0, *, fp8: bool = False) -> Gathered:
+    """CPU backend: the gather is itself the one copy into a fresh tensor; with
+    ``fp8`` it is quantized as the CUDA backend does, the same codes and scales."""
+    rows = gather_rows(cache, block_ids, num_tokens, block_size, first)
+    if not fp8:
+        return Gathered(rows)
+    codes, scales = quantize(rows)
+    return Gathered(codes, scales=scales, dtype=rows.dtype)
 
 
 class PinnedPool:
@@ -120,4 +132,4 @@ class CudaGatherer:
             for pool, buffer in taken:
                 pool.give_back(buffer)
 
-        return Gathered(hosts[0], event, release=release, scales=hosts[1] if fp8 else None)
+        return Gathered(hosts[0], event, release=release, scales=hosts[1] if fp8 else None, dtype=cache.dtype)

@@ -27,6 +27,7 @@ from runtime.settings import KafkaSettings
 from runtime.tensors import WIRE_DTYPES
 from schemas import BlockRecordHeaders, BlockRef, Manifest, RecordKind
 from schemas.codec import encode_block, read_header
+from schemas.fp8_blocks import encode_fp8_block
 from schemas.connector import CompletionReport, ConnectorConfig, RequestParams
 
 log = logging.getLogger(__name__)
@@ -95,10 +96,15 @@ class BlockSender:
         # Lax: the params crossed msgpack, where tuples become lists.
         params = RequestParams.model_validate(job.params, strict=False)
         tokens, layers, hidden = gathered.tensor.shape
-        row_bytes = layers * hidden * gathered.tensor.element_size()
-        per_block = max(1, self._config.block_bytes // row_bytes)
+        # Blocks are cut by the bytes they carry (fp8: a code per element and a
+        # float32 scale per layer); raw_bytes, the budget's and the statistics'
+        # measure, counts the hidden states in the model's dtype either way.
+        sent_row_bytes = layers * hidden * gathered.tensor.element_size() + (
+            0 if gathered.scales is None else layers * gathered.scales.element_size())
+        per_block = max(1, self._config.block_bytes // sent_row_bytes)
         ranges = [(start, min(start + per_block, tokens)) for start in range(0, tokens, per_block)]
-        transfer = _Transfer(job, params, gathered, ranges, raw_bytes=tokens * row_bytes)
+        raw_bytes = tokens * layers * hidden * gathered.source_dtype.itemsize
+        transfer = _Transfer(job, params, gathered, ranges, raw_bytes=raw_bytes)
         transfer.encoded = [None] * len(ranges)
         transfer.encoding = len(ranges)
         with self._lock:
@@ -135,15 +141,19 @@ class BlockSender:
 
     def _encode(self, transfer: _Transfer, index: int) -> bytes:
         start, end = transfer.ranges[index]
-        rows = transfer.gathered.wait()[start:end]
-        return encode_block(
-            rows.view(torch.uint8).numpy(),
-            shape=tuple(rows.shape),  # type: ignore[arg-type]
-            dtype=WIRE_DTYPES[rows.dtype],
-            token_start=transfer.job.first_row + start,
-            codec=self._config.codec,
-            level=self._config.codec_level,
-        )
+        gathered = transfer.gathered
+        rows = gathered.wait()[start:end]
+        shape: tuple[int, int, int] = tuple(rows.shape)  # type: ignore[assignment]
+        dtype, token_start = WIRE_DTYPES[gathered.source_dtype], transfer.job.first_row + start
+        if gathered.scales is None:
+            return encode_block(rows.view(torch.uint8).numpy(), shape=shape, dtype=dtype, token_start=token_start,
+                                codec=self._config.codec, level=self._config.codec_level)
+        scales = gathered.scales[start:end]
+        if not bool(torch.isfinite(scales).all()):  # a row's amax was inf or NaN
+            raise ValueError("fp8 cannot hold non-finite hidden states (E4M3FN has no infinities); "
+                             "extract this model with --wire-dtype model")
+        return encode_fp8_block(rows.numpy(), scales.numpy(), shape=shape, dtype=dtype, token_start=token_start,
+                                codec=self._config.codec, level=self._config.codec_level)
 
     def _encoded(self, transfer: _Transfer, index: int, future: Future[bytes]) -> None:
         with transfer.lock:
@@ -199,17 +209,20 @@ class BlockSender:
             attempt_id=params.attempt_id,
             model=self._config.model,
             layer_ids=self._layer_ids,
-            dtype=WIRE_DTYPES[tensor.dtype],
+            dtype=WIRE_DTYPES[transfer.gathered.source_dtype],
             hidden_size=tensor.shape[2],
             num_tokens=len(transfer.job.token_ids),
             token_ids=transfer.job.token_ids,
             **answer_fields(transfer.job, params),
             codec=self._config.codec,
+            quantization="fp8" if transfer.gathered.scales is not None else None,
             blocks=blocks,
             metadata=params.metadata,
             source=params.source,
         )
-        self._produce(transfer, manifest.model_dump_json().encode(), BlockRecordHeaders(
+        # Unquantized manifests leave the field out, as before it existed (older sinks forbid unknown fields).
+        value = manifest.model_dump_json(exclude=None if manifest.quantization else {"quantization"}).encode()
+        self._produce(transfer, value, BlockRecordHeaders(
             kind=RecordKind.MANIFEST, attempt_id=params.attempt_id))
         transfer.manifest_sent = True
         transfer.encoded = []  # the bytes now live in the producer's queue
