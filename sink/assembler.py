@@ -4,7 +4,9 @@ time (all records of a request share its key, hence its partition).
 Block records wait, per (request_id, attempt_id), for their manifest. The
 manifest completes the sample only if every block it lists arrived with the same
 attempt id, decodes, and matches the manifest's checksums, token ranges and
-shape. Anything else becomes a :class:`Rejected` with a reason; attempts whose
+shape (fp8 blocks, ``hsx extract --wire-dtype fp8``, also that their codes and
+scales are what the quantization can produce). Anything else becomes a
+:class:`Rejected` with a reason; attempts whose
 manifest never comes are rejected after a timeout, or as soon as another attempt
 of the same request completes (a killed extractor's leftovers).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import orjson
 from pydantic import ValidationError
 
@@ -21,6 +24,7 @@ from runtime.errors import Rejection
 from schemas import BlockRecordHeaders, ErrorClass, Manifest, RecordKind, format_validation_error
 from schemas.codec import CorruptBlock, decode_block
 from schemas.dataset_codec import DatasetCodec
+from schemas.fp8_blocks import fp8_rows
 
 
 @dataclass
@@ -49,6 +53,10 @@ class Sample:
     """How ``hidden_states`` is encoded."""
     checksum: str | None = None
     """Of the raw bytes, kept when ``hidden_states`` no longer holds them."""
+    fp8: tuple[np.ndarray, np.ndarray] | None = None
+    """A sample sent as fp8 (its manifest's ``quantization``): its verified
+    ``(codes [T, L, H] uint8, scales [T, L] float32)`` as the extractor sent them;
+    ``hidden_states`` is then empty until :func:`sink.encoding.encode` stores them."""
 
     @property
     def manifest_offset(self) -> int:
@@ -112,10 +120,15 @@ class Assembler:
             return Rejected(ErrorClass.INVALID_MANIFEST, "manifest does not match its record key / attempt header",
                             offsets, request_id, record.value)
         try:
-            raw = _verified_bytes(manifest, pending.blocks)
+            parts = _verified_parts(manifest, pending.blocks)
         except Rejection as exc:
             return Rejected(exc.error_class, exc.reason, offsets, request_id, record.value)
-        return Sample(manifest, raw, offsets, [pending.blocks[ref.index].value for ref in manifest.blocks])
+        records = [pending.blocks[ref.index].value for ref in manifest.blocks]
+        if manifest.quantization is None:
+            return Sample(manifest, b"".join(p[0] for p in parts), offsets, records)
+        codes = np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+        scales = np.concatenate([p[2] for p in parts]) if len(parts) > 1 else parts[0][2]
+        return Sample(manifest, b"", offsets, records, fp8=(codes, scales))
 
     def supersede(self, request_id: str) -> list[Rejected]:
         """Reject the unfinished attempts of a request that now has a complete one.
@@ -140,7 +153,11 @@ class Assembler:
                         sorted(r.offset for r in pending.blocks.values()), request_id)
 
 
-def _verified_bytes(manifest: Manifest, blocks: dict[int, Record]) -> bytes:
+_Part = tuple[bytes, np.ndarray | None, np.ndarray | None]
+"""A verified block: its raw bytes, and for fp8 its codes and scales."""
+
+
+def _verified_parts(manifest: Manifest, blocks: dict[int, Record]) -> list[_Part]:
     missing = [b.index for b in manifest.blocks if b.index not in blocks]
     if missing:
         raise Rejection(ErrorClass.INCOMPLETE_SAMPLE, f"manifest lists blocks {missing} that never arrived")
@@ -159,5 +176,15 @@ def _verified_bytes(manifest: Manifest, blocks: dict[int, Record]) -> bytes:
         if header.shape != expected_shape or header.dtype is not manifest.dtype:
             raise Rejection(ErrorClass.SHAPE_MISMATCH, f"block {ref.index} is {header.shape} {header.dtype.value}, "
                                              f"the manifest says {expected_shape} {manifest.dtype.value}")
-        parts.append(raw)
-    return b"".join(parts)
+        if header.quantization != manifest.quantization:
+            raise Rejection(ErrorClass.CORRUPT_BLOCK, f"block {ref.index} holds {header.quantization or 'unquantized'} "
+                                                      f"rows, the manifest says {manifest.quantization or 'unquantized'}")
+        if header.quantization is None:
+            parts.append((raw, None, None))
+            continue
+        try:
+            codes, scales = fp8_rows(header, raw)
+        except CorruptBlock as exc:
+            raise Rejection(ErrorClass.CORRUPT_BLOCK, f"block {ref.index}: {exc}") from exc
+        parts.append((b"", codes, scales))
+    return parts

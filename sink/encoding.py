@@ -17,13 +17,15 @@ import warnings
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from runtime.errors import HsxError
 from runtime.tensors import TORCH_DTYPES
 from schemas import Codec, HiddenStatesReady
 from schemas.codec import CorruptBlock, checksum, read_header
-from schemas.dataset_codec import DatasetCodec, decode_sample, encode_sample
+from schemas.dataset_codec import DatasetCodec, decode_sample, encode_fp8_sample, encode_sample
+from schemas.fp8 import from_fp8, narrow
 from sink.assembler import Sample
 
 log = logging.getLogger(__name__)
@@ -41,7 +43,16 @@ def encode(sample: Sample, codec: DatasetCodec) -> Sample:
     byte-plane coded and tile the sample from its first row; otherwise (another
     wire codec, a ``capture: last`` sample whose one block starts at its final
     token) the raw bytes are encoded once. A sample fp8 cannot hold (non-finite
-    values) is kept raw rather than lost: its shard then says raw."""
+    values) is kept raw rather than lost: its shard then says raw.
+
+    A sample sent as fp8 (``sample.fp8``) keeps its codes and scales as they came
+    under ``fp8`` and ``fp8-zstd``, with no dequantize and quantize again; the
+    other codecs get it dequantized to the manifest's dtype, within the bound of
+    :mod:`schemas.fp8`. Its checksum is of what the shard's codec decodes to:
+    the dequantized bytes under ``raw`` and ``byteplane-zstd``; under ``fp8`` and
+    ``fp8-zstd`` the scales then codes the extractor sent, the frame's own CRC."""
+    if sample.fp8 is not None:
+        return _encode_fp8(sample, codec)
     kept = replace(sample, records=[])
     if codec is DatasetCodec.RAW:
         return kept
@@ -59,12 +70,26 @@ def encode(sample: Sample, codec: DatasetCodec) -> Sample:
     return replace(kept, hidden_states=payload, codec=codec, checksum=checksum(raw))
 
 
+def _encode_fp8(sample: Sample, codec: DatasetCodec) -> Sample:
+    assert sample.fp8 is not None
+    codes, scales = sample.fp8
+    m = sample.manifest
+    kept = replace(sample, records=[], fp8=None, codec=codec)
+    if codec in (DatasetCodec.FP8, DatasetCodec.FP8_ZSTD):
+        return replace(kept, hidden_states=encode_fp8_sample(codes, scales, dtype=m.dtype, codec=codec),
+                       checksum=checksum(np.ascontiguousarray(scales, dtype="<f4"), codes))
+    raw = narrow(from_fp8(codes, scales), m.dtype).tobytes()
+    stored = raw if codec is DatasetCodec.RAW else encode_sample(raw, shape=codes.shape, dtype=m.dtype, codec=codec)
+    return replace(kept, hidden_states=stored, checksum=checksum(raw))
+
+
 def _records_fit(records: list[bytes]) -> bool:
     """Whether the records, back to back, are a ``byteplane-zstd`` sample as
     they are: every one byte-plane coded, the first starting at row 0 (the
     assembler checked that they tile the rest in order)."""
     headers = [read_header(record)[0] for record in records]
-    return bool(headers) and headers[0].token_start == 0 and all(h.codec is Codec.BYTEPLANE_ZSTD for h in headers)
+    return bool(headers) and headers[0].token_start == 0 and all(
+        h.codec is Codec.BYTEPLANE_ZSTD and h.quantization is None for h in headers)
 
 
 def stored_tensor(sample: Sample) -> torch.Tensor:
