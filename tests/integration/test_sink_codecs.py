@@ -1,12 +1,13 @@
 """``hsx sink --dataset-codec`` on a real broker, read back by real readers
 (``open_dataset``, ``follow``): every codec round-trips (lossless bit-exact, fp8
-within its documented bound), and a dataset whose codec changed between two sink
-runs reads as one."""
+within its documented bound), fp8 block records (``hsx extract --wire-dtype
+fp8``) too, and a dataset whose codec changed between two sink runs reads as one."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
@@ -20,6 +21,7 @@ from tests.integration.test_sink_dedupe import run_sink
 from tests.reliability.harness import publish
 from tests.unit.test_assembler import records
 from tests.unit.test_dataset_storage import assert_decoded
+from tests.unit.test_fp8_wire import fp8_records
 
 pytestmark = [pytest.mark.integration]
 
@@ -80,3 +82,51 @@ def test_a_dataset_whose_codec_changed_between_runs_reads_as_one(kafka: KafkaSet
     assert sorted(followed) == sorted(originals)
     for request_id, hidden in followed.items():
         assert_decoded(originals[request_id], hidden, dataset.event(request_id).codec)
+
+
+@pytest.mark.parametrize("codec", list(DatasetCodec))
+def test_fp8_block_records_are_stored_by_every_codec(kafka: KafkaSettings, tmp_path: Path, codec: DatasetCodec) -> None:
+    """fp8 on the wire: ``fp8``/``fp8-zstd`` keep the codes as sent (so the
+    reader's values are exactly their dequantization), the others store them
+    dequantized to the manifest's bfloat16; a corrupt fp8 block goes to the DLQ."""
+    from runtime.kafka.drain import drain
+    from schemas import DlqHeaders
+    from schemas import Manifest
+    from schemas.codec import decode_block, read_header
+    from schemas.fp8 import from_fp8
+    from schemas.fp8_blocks import encode_fp8_block, fp8_rows
+
+    topics = fresh_topics(kafka, partitions=1)
+    originals, sent, offset = {}, {}, 0
+    for request_id in ("f-1", "f-2"):
+        recs, hidden = fp8_records(request_id, tokens=11, per_block=4, first_offset=offset)
+        publish(kafka, topics.blocks, recs)
+        originals[request_id], offset = hidden, offset + len(recs)
+        parts = [fp8_rows(*decode_block(r.value)) for r in recs[:-1]]
+        sent[request_id] = torch.from_numpy(from_fp8(torch.cat([torch.from_numpy(p[0].copy()) for p in parts]).numpy(),
+                                                     torch.cat([torch.from_numpy(p[1].copy()) for p in parts]).numpy()))
+    # A block whose CRC and manifest entry match a NaN code: only an fp8 check catches it.
+    bad, _ = fp8_records("f-bad", tokens=4, per_block=4, first_offset=offset)
+    header, raw = decode_block(bad[0].value)
+    codes, scales = (np.array(a) for a in fp8_rows(header, raw))
+    codes[2, 1, 3] = 0x7F
+    bad[0].value = encode_fp8_block(codes, scales, shape=header.shape, dtype=header.dtype, token_start=0)
+    manifest = Manifest.model_validate_json(bad[1].value)
+    ref = manifest.blocks[0].model_copy(update={"checksum": read_header(bad[0].value)[0].checksum})
+    bad[1].value = manifest.model_copy(update={"blocks": [ref]}).model_dump_json().encode()
+    publish(kafka, topics.blocks, bad)
+    output = tmp_path / "dataset"
+    sink = run_sink(kafka, topics, output, tmp_path, "sink", "--dataset-codec", codec.value)
+    assert sink.exited() == 0, sink.log_tail()
+    dataset = open_dataset(output)
+    assert sorted(dataset.request_ids()) == sorted(originals)
+    for request_id, hidden in originals.items():
+        event = dataset.event(request_id)
+        assert event.codec is codec and event.dtype.value == "bfloat16" and event.shape == tuple(hidden.shape)
+        decoded = dataset[request_id]["hidden_states"]
+        assert torch.equal(decoded, sent[request_id].to(torch.bfloat16))  # the codes as sent, dequantized once
+        assert_decoded(hidden, decoded, DatasetCodec.FP8)
+    (letter,) = drain(kafka, topics.blocks_dlq, expected=1, timeout=30)
+    headers = DlqHeaders.from_kafka(letter.headers())
+    assert headers.error_class == "corrupt_block", headers
+    assert headers.error_message.startswith("block 0: malformed fp8 row at token 2, layer 1"), headers
