@@ -5,9 +5,12 @@ the model's dtype, and rows fp8 cannot hold are reported as a failure."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+import zmq
 
 from extractor.completion import CompletionSender
 from extractor.connector.gather import gather_cpu
@@ -21,14 +24,23 @@ from schemas.connector import ConnectorConfig
 from schemas.fp8 import to_fp8
 from sink.assembler import Assembler, Record, Sample
 from tests.integration.test_block_sender import BLOCK_SIZE, HIDDEN, LAYERS, _job, _receive, _wait_finished
-from tests.integration.test_block_sender import completions  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture
+def completions(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The extractor's end of the completion channel (as in test_block_sender)."""
+    socket = zmq.Context.instance().socket(zmq.PULL)
+    address = f"ipc://{tmp_path / 'c.sock'}"
+    socket.bind(address)
+    yield address, socket
+    socket.close(linger=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sends_fp8_codes_and_scales_bit_exact(dtype: torch.dtype, kafka: KafkaSettings, topic_settings: TopicSettings,
-                                              completions) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+                                              completions) -> None:  # type: ignore[no-untyped-def]
     address, socket = completions
     ensure_topics(kafka, topic_settings, [topic_settings.blocks])
     cache = (torch.randn(20, LAYERS, BLOCK_SIZE, HIDDEN) * 4).to(dtype)
@@ -64,7 +76,7 @@ def test_sends_fp8_codes_and_scales_bit_exact(dtype: torch.dtype, kafka: KafkaSe
 
 
 def test_rows_fp8_cannot_hold_are_reported(kafka: KafkaSettings, topic_settings: TopicSettings,
-                                           completions) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+                                           completions) -> None:  # type: ignore[no-untyped-def]
     address, socket = completions
     ensure_topics(kafka, topic_settings, [topic_settings.blocks])
     cache = torch.randn(20, LAYERS, BLOCK_SIZE, HIDDEN)
