@@ -50,7 +50,10 @@ class HiddenStatesReady(StrictModel):
     model: str
     checksum: Checksum
     """Of the hidden states' raw bytes as the extractor sent them: what a lossless
-    codec decodes back to (fp8 decodes to dequantized values instead)."""
+    codec decodes back to (fp8 decodes to dequantized values instead). Sent as
+    fp8 (``hsx extract --wire-dtype fp8``): under a lossless codec, of the
+    dequantized bytes stored; under ``fp8``/``fp8-zstd``, of the scales then
+    codes as sent, which is the stored frame's own checksum."""
     codec: DatasetCodec = DatasetCodec.RAW
     """How the shard stores ``tensors.hidden_states``: ``raw``, the ``[T, L, H]``
     tensor of ``dtype`` itself; any other codec, a 1-D uint8 tensor of the
