@@ -15,6 +15,9 @@ created under ``__main__`` and must not outlive their section):
   growth per sample, the assignment's load time, start to ready.
 * ``bench.dataset_codecs``: bytes per token and encode/decode speed of each
   dataset codec (raw, byteplane-zstd, fp8, fp8-zstd), fp8's error per layer.
+* ``bench.object_store``: the dataset in S3 (SeaweedFS on loopback) vs on local
+  disk: sink throughput, one random sample, RSS of a 1 GiB shard's upload,
+  reading it back.
 
     python -m bench [--quick] [--preload iomp|none] [--only SECTION ...]
 """
@@ -39,7 +42,7 @@ from bench import report
 from extractor.cpu_defaults import cpu_list
 from hsx.dev.spawn import cpu_engine_env
 
-SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale", "dataset_codecs"]
+SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale", "dataset_codecs", "object_store"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
