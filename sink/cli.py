@@ -51,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "byteplane-zstd (lossless, the block records as they came), fp8 or fp8-zstd "
                              "(E4M3, a scale per token and layer); hsx's readers decode all (default %(default)s)")
     parser.add_argument("--upload-part-bytes", type=integer(MIN_PART_BYTES), default=_DEFAULTS.upload_part_bytes,
-                        help="multipart part size for an s3:// output; memory per shard upload is about five "
-                             "parts (default %(default)s)")
+                        help="multipart part size for an s3:// output (default %(default)s); uploads read the "
+                             "open shard's memory, so a shard is never copied")
     parser.add_argument("--exit-when-idle", type=number(0), metavar="SECS", help="stop after SECS with nothing to read")
     parser.add_argument("--exactly-once", action="store_true",
                         help="ready events and offset commits in one Kafka transaction (needs a broker with full "

@@ -34,7 +34,6 @@ class SinkOptions:
     """How shards store hidden states (``sink.encoding``); raw by default, so any
     safetensors reader loads them."""
     upload_part_bytes: int = 16 << 20
-    """Multipart part size for an object-store output: memory per shard upload is
-    about five parts, never the shard."""
+    """Multipart part size for an object-store output (at least S3's 5 MiB)."""
     health_port: int | None = None
     """Serve /healthz, /readyz and /metrics here (0: any free port; None: off)."""

@@ -21,7 +21,7 @@ from schemas.dataset_codec import DatasetCodec
 from sink.assembler import Sample
 from sink.encoding import encode
 from sink.shards import OpenShard, write_shard
-from sink.storage import LocalStorage
+from sink.storage import LocalStorage, Storage
 
 
 @dataclass
@@ -64,14 +64,14 @@ def _sample(spec: TrainingDataSpec, i: int, gen: torch.Generator) -> Sample:
     return Sample(manifest, raw, [i])
 
 
-def write_training_dataset(root: Path, spec: TrainingDataSpec | None = None, partitions: int = 1,
+def write_training_dataset(root: Path | Storage, spec: TrainingDataSpec | None = None, partitions: int = 1,
                            dataset: str = "synthetic") -> list[HiddenStatesReady]:
-    """Write ``spec.samples`` samples to ``root`` (sample i to partition
+    """Write ``spec.samples`` samples to ``root`` (a directory or any storage; sample i to partition
     ``i % partitions``, ``per_shard`` to a shard); return their ready events in
     the order written."""
     spec = spec or TrainingDataSpec()
     gen = torch.Generator().manual_seed(spec.seed)
-    storage = LocalStorage(root)
+    storage = LocalStorage(root) if isinstance(root, Path) else root
     open_shards = [OpenShard("hidden_states.blocks", p) for p in range(partitions)]
     events: list[HiddenStatesReady] = []
     for i in range(spec.samples):
