@@ -83,8 +83,10 @@ $(SPEC_STAMP): Makefile
 	$(SPEC_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
+# The demo twice: into out/demo, then into a bucket on a local S3 server (SeaweedFS).
 demo: $(MODELS_STAMP)
 	$(BIN)/hsx demo
+	$(BIN)/hsx demo --s3
 
 # Side-by-side benchmarks (about 25 min on 2 cores): writes bench/results.json and
 # docs/benchmarks.md. BENCH_ARGS=--quick for a smoke run.

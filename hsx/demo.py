@@ -4,13 +4,19 @@ SmolLM2-135M-Instruct on CPU, then one sample checked against HF transformers.
 
 The broker is ``HSX_KAFKA_BOOTSTRAP``, else a Kafka container when Docker
 answers, else the embedded one; the dataset lands in ``out/demo`` (emptied first,
-so the demo never resumes an earlier one).
+so the demo never resumes an earlier one). With ``--s3`` it lands in an S3
+bucket instead: a SeaweedFS server on loopback (``HSX_TEST_S3_ENDPOINT``, else
+one started for the demo, its data and the logs in ``out/demo-s3``), the
+services pointed at it by the ``AWS_*`` environment, as a user's would be.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shutil
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
@@ -19,6 +25,7 @@ from hsx.reference import HFReference, max_relative_error
 from hsx.run import RunPlan, run_pipeline, stopping_children_on_interrupt
 from hsx.summary import RunReport, render
 from producer.sources import read_jsonl
+from hsx.dev.s3server import dev_s3
 from runtime.broker import dev_bootstrap
 from runtime.checks import writable_dir
 from runtime.errors import ExitCode, UsageError
@@ -27,26 +34,55 @@ from sink.shards import DATASET_FOLDERS
 
 DEMO_PROMPTS = "demo_prompts.jsonl"
 MODEL = "smollm2-135m-instruct"
+DEFAULT_OUTPUT = Path("out/demo")
+S3_DATASET = "s3://hsx-demo/demo"
 ENGINE_ARGV = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "2048"]
 """float32 for an exact comparison with HF transformers; no compilation, which
 would cost more than the demo's extraction on CPU."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", type=Path, default=Path("out/demo"), help="dataset directory (emptied first)")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="dataset directory (emptied first)")
+    parser.add_argument("--s3", action="store_true",
+                        help=f"write the dataset to S3 ({S3_DATASET} on a local SeaweedFS server; its data and "
+                             "the logs in --output, default out/demo-s3)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.s3 and args.output == DEFAULT_OUTPUT:
+        args.output = Path("out/demo-s3")
     _check_output(args.output)
     model_dir = models.prepare(names=[MODEL])[MODEL]
     shutil.rmtree(args.output, ignore_errors=True)
     with (stopping_children_on_interrupt(), (resources.files("hsx") / "data" / DEMO_PROMPTS).open("rb") as stream,
-          dev_bootstrap() as bootstrap):
-        plan = RunPlan(model=model_dir, output=args.output, lines=read_jsonl(stream, DEMO_PROMPTS),
+          dev_bootstrap() as bootstrap, _dataset(args) as (output, logs)):
+        plan = RunPlan(model=model_dir, output=output, lines=read_jsonl(stream, DEMO_PROMPTS), log_dir=logs,
                        engine_argv=ENGINE_ARGV, bootstrap=bootstrap, progress=not args.no_progress)
         report = run_pipeline(plan)
-    return _check(report, model_dir)
+        code = _check(report, model_dir)
+    if args.s3:
+        print(f"[demo] the demo's S3 server has stopped; its data stays in {args.output / 'seaweedfs'}")
+    return code
+
+
+@contextlib.contextmanager
+def _dataset(args: argparse.Namespace) -> Iterator[tuple[str, Path | None]]:
+    """Where the demo writes: ``--output``, or with ``--s3`` a bucket on a
+    SeaweedFS server kept in ``--output`` (the services find it by ``AWS_*``)."""
+    if not args.s3:
+        yield str(args.output), None
+        return
+    with dev_s3(args.output / "seaweedfs") as server:
+        server.create_bucket(S3_DATASET.removeprefix("s3://").split("/")[0])
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(server.child_environ(saved))
+        try:
+            yield S3_DATASET, args.output / "logs"
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
 
 
 def _check_output(output: Path) -> None:
@@ -55,7 +91,7 @@ def _check_output(output: Path) -> None:
     emptied, never a directory that holds anything of the user's."""
     writable_dir("--output", output)
     if output.is_dir():
-        foreign = sorted(p.name for p in output.iterdir() if p.name not in (*DATASET_FOLDERS, "logs"))
+        foreign = sorted(p.name for p in output.iterdir() if p.name not in (*DATASET_FOLDERS, "logs", "seaweedfs"))
         if foreign:
             raise UsageError(f"--output {output}: holds {', '.join(foreign[:3])}, which is not an hsx dataset; "
                              "the demo empties its output, so choose another directory")

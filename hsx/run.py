@@ -84,6 +84,8 @@ class RunPlan:
     progress: bool = True
     connect_timeout: float | None = ONE_SHOT_CONNECT_TIMEOUT
     """How long a cluster named by ``bootstrap`` may take to answer (``None``: for ever)."""
+    log_dir: Path | None = None
+    """Where the services' logs go (default: see :attr:`logs`)."""
 
     def __post_init__(self) -> None:
         model_dir("--model", self.model)
@@ -95,7 +97,10 @@ class RunPlan:
 
     @property
     def logs(self) -> Path:
-        """Where the services' logs go: beside the dataset, or locally for an object store."""
+        """Where the services' logs go: ``log_dir``, else beside the dataset, or
+        locally for an object store."""
+        if self.log_dir is not None:
+            return self.log_dir
         if is_object_store(self.output):
             return Path("hsx-logs") / dataset_name(self.output)
         return Path(self.output) / "logs"

@@ -35,7 +35,7 @@ def extract_command(bootstrap: str, topics: TopicSettings, model: Path, *extra: 
             "--session-timeout-ms", str(SESSION_TIMEOUT_MS), *extra]
 
 
-def sink_command(bootstrap: str, topics: TopicSettings, output: Path, *extra: str,
+def sink_command(bootstrap: str, topics: TopicSettings, output: str | Path, *extra: str,
                  group: str | None = None) -> list[str]:
     """``hsx sink``: blocks topic in, a dataset in ``output``, ready events out,
     block DLQ."""

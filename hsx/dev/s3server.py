@@ -9,17 +9,15 @@ is set, else a :class:`LocalS3`.
 
 Both are :class:`S3Service`: an endpoint, keys and a region, the ``AWS_*``
 environment that points product code (obstore reads it) at the service, an
-:mod:`obstore` store per bucket, and bucket creation (a SigV4-signed
-``PUT /bucket``: obstore cannot create buckets, and the same request works on
-SeaweedFS, MinIO and AWS alike).
+:mod:`obstore` store per bucket, and bucket creation (``PUT /bucket``, presigned
+by obstore: its API has no call for it, and the same request works on SeaweedFS,
+MinIO and AWS alike).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -35,12 +33,11 @@ import sysconfig
 import tempfile
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -144,56 +141,19 @@ def free_weed_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     raise OSError(f"found no {count} free port pairs (P, P+{_GRPC_OFFSET}) on {host} in {candidates}")
 
 
-def _sign(key: bytes, text: str) -> bytes:
-    return hmac.new(key, text.encode(), hashlib.sha256).digest()
-
-
-def signed_request(
-    method: str,
-    url: str,
-    *,
-    access_key: str,
-    secret_key: str,
-    region: str,
-    body: bytes = b"",
-    headers: Mapping[str, str] | None = None,
+def presigned_request(
+    store: S3Store, method: str, key: str, *, body: bytes = b"", headers: Mapping[str, str] | None = None,
     timeout: float = 10.0,
 ) -> tuple[int, bytes]:
-    """One S3 request signed with AWS Signature V4 (path-style URL, no query
-    string): the status and the body. No error status raises; the caller reads it.
-    ``headers`` (``Range``...) are sent unsigned, which SigV4 allows."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.query:
-        raise ValueError(f"signed_request signs no query string: {url}")
-    now = datetime.now(timezone.utc)
-    amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
-    payload_hash = hashlib.sha256(body).hexdigest()
-    path = urllib.parse.quote(parts.path or "/", safe="/-_.~")
-    signed = {"host": parts.netloc, "x-amz-content-sha256": payload_hash, "x-amz-date": amz_date}
-    signed_headers = ";".join(sorted(signed))
-    canonical = "\n".join(
-        [method, path, "", "".join(f"{k}:{signed[k]}\n" for k in sorted(signed)), signed_headers, payload_hash]
-    )
-    scope = f"{day}/{region}/s3/aws4_request"
-    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
-    key = _sign(_sign(_sign(_sign(f"AWS4{secret_key}".encode(), day), region), "s3"), "aws4_request")
-    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
-    request = urllib.request.Request(
-        f"{parts.scheme}://{parts.netloc}{path}",
-        data=body if body or method in ("PUT", "POST") else None,
-        method=method,
-        # Host explicitly: urllib would drop a default port that was signed.
-        headers={
-            **(headers or {}),
-            "Host": parts.netloc,
-            "x-amz-content-sha256": payload_hash,
-            "x-amz-date": amz_date,
-            "Authorization": (
-                f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, "
-                f"SignedHeaders={signed_headers}, Signature={signature}"
-            ),
-        },
-    )
+    """One request for ``key`` of ``store``'s bucket ("" for the bucket itself),
+    signed by obstore (a presigned URL: object_store's SigV4), for what obstore's
+    API has no call for: creating a bucket, a raw ranged GET. The status and the
+    body; no error status raises, the caller reads it."""
+    import obstore
+
+    url = obstore.sign(store, method, key, timedelta(minutes=5))  # type: ignore[arg-type]
+    request = urllib.request.Request(url, data=body if method in ("PUT", "POST") else None, method=method,
+                                     headers=dict(headers or {}))
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, response.read()
@@ -265,12 +225,10 @@ class S3Service:
         self, method: str, path: str, body: bytes = b"", headers: Mapping[str, str] | None = None,
         timeout: float = 10.0,
     ) -> tuple[int, bytes]:
-        """A SigV4-signed request for ``path`` (``/bucket/key``) on this service:
-        ``(status, body)``; see :func:`signed_request`."""
-        return signed_request(
-            method, self.endpoint.rstrip("/") + path, access_key=self.access_key,
-            secret_key=self.secret_key, region=self.region, body=body, headers=headers, timeout=timeout,
-        )
+        """A signed request for ``path`` (``/bucket`` or ``/bucket/key``) on this
+        service: ``(status, body)``; see :func:`presigned_request`."""
+        bucket, _, key = path.lstrip("/").partition("/")
+        return presigned_request(self.store(bucket), method, key, body=body, headers=headers, timeout=timeout)
 
     def with_keys(self, access_key: str | None = None, secret_key: str | None = None) -> S3Service:
         """The same endpoint and region with other keys (tests of refused keys)."""
@@ -431,8 +389,9 @@ class LocalS3(S3Service):
                     f"log {self.log_path}:\n{self._log_tail()}"
                 )
             try:
-                status, body = self.request("GET", "/", timeout=2.0)
-                if status == 200:
+                # A bucket nobody made: 404 once S3 answers and takes our key.
+                status, body = self.request("HEAD", "/hsx-ready-probe", timeout=2.0)
+                if status in (200, 404):
                     log.info("local S3 server ready on %s after %.1fs", self.endpoint, time.monotonic() - started)
                     return
                 last = f"{status} {' '.join(_error_of(body))}"

@@ -155,8 +155,9 @@ def test_ctrl_c_stops_hsx_run_and_a_rerun_completes(tmp_path: Path) -> None:
 
 @pytest.mark.engine
 def test_ctrl_c_stops_hsx_demo_and_a_rerun_completes(tmp_path: Path) -> None:
+    """The S3 demo: its SeaweedFS server is one more child that must not outlive a Ctrl-C."""
     models.prepare(names=["smollm2-135m-instruct"])
-    argv = ["demo", "--output", str(tmp_path / "demo"), "--no-progress"]
+    argv = ["demo", "--s3", "--output", str(tmp_path / "demo"), "--no-progress"]
     status, log = _interrupt(argv, tmp_path / "demo.log", _services_started(tmp_path / "demo"))
     assert status == ExitCode.INTERRUPTED, log
     assert "hsx demo: interrupted (Ctrl-C)" in log
@@ -166,7 +167,7 @@ def test_ctrl_c_stops_hsx_demo_and_a_rerun_completes(tmp_path: Path) -> None:
     again = subprocess.run([sys.executable, "-m", "hsx.cli", *argv], env=_env("rerun"), capture_output=True,
                            text=True, timeout=600)
     assert again.returncode == 0, again.stdout + again.stderr[-4000:]
-    assert "[demo] OK" in again.stdout
+    assert "[demo] OK: dataset in s3://hsx-demo/demo" in again.stdout
 
 
 def test_ctrl_c_stops_hsx_broker(tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
 """Producer → broker → extractor → sink → dataset, then a replay: every prompt
 exactly once in the index and among ready events, hidden states equal to HF
-transformers, and a replayed sink leaves the dataset byte-identical."""
+transformers, and a replayed sink leaves the dataset byte-identical. A second
+sink writes the same blocks to S3: the same samples, bit for bit, read back,
+followed, inspected and exported from there."""
 
 from __future__ import annotations
 
@@ -24,13 +26,14 @@ from runtime.settings import KafkaSettings, TopicSettings
 from schemas import HiddenStatesReady
 from sink.reader import follow, open_dataset
 from tests.engine_helpers import run_extractor
+from tests.reliability.harness import index_counts
 from tests.integration.test_extractor import good_prompts
 from runtime.kafka.drain import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
 
-def pipeline_sink(kafka: KafkaSettings, topics: TopicSettings, output: Path, group: str, log: Path,
+def pipeline_sink(kafka: KafkaSettings, topics: TopicSettings, output: str | Path, group: str, log: Path,
                   *extra: str) -> HsxService:
     """``hsx sink`` until idle, small shards, logging to ``log``."""
     command = sink_command(kafka.bootstrap, topics, output, "--exit-when-idle", "6", "--max-shard-samples", "5", *extra,
@@ -38,7 +41,7 @@ def pipeline_sink(kafka: KafkaSettings, topics: TopicSettings, output: Path, gro
     return HsxService(log.stem, command, log.parent)
 
 
-def run_sink(kafka: KafkaSettings, topics: TopicSettings, output: Path, group: str, log: Path, *extra: str) -> None:
+def run_sink(kafka: KafkaSettings, topics: TopicSettings, output: str | Path, group: str, log: Path, *extra: str) -> None:
     with pipeline_sink(kafka, topics, output, group, log, *extra) as sink:
         returncode = sink.wait(300)
     assert returncode == 0, log.read_text()[-3000:]
@@ -61,7 +64,8 @@ def digest(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_pipeline_end_to_end_and_replay(kafka: KafkaSettings, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_pipeline_end_to_end_and_replay(kafka: KafkaSettings, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        s3_dataset_url: str) -> None:
     model = models.prepare(names=["tiny-llama"])["tiny-llama"]
     topics = fresh_topics(kafka, partitions=3)
     prompts = good_prompts()
@@ -115,6 +119,32 @@ def test_pipeline_end_to_end_and_replay(kafka: KafkaSettings, tmp_path: Path, ca
     # come between a shard and its events); consumers de-duplicate by event id.
     again = [HiddenStatesReady.model_validate_json(r.value()) for r in drain(kafka, topics.ready, expected=2 * len(prompts))]
     assert Counter(e.event_id for e in again) == Counter({e.event_id: 2 for e in ready})
+
+    _check_s3_copy(kafka, topics, tmp_path, s3_dataset_url, dataset, capsys)
+
+
+def _check_s3_copy(kafka: KafkaSettings, topics: TopicSettings, tmp_path: Path, url: str, local,  # type: ignore[no-untyped-def]
+                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The same blocks, sunk by another group into ``url`` (ready events on a topic
+    of their own): every sample once (lost 0, duplicated 0) and bit-identical to
+    the local dataset's; follow, inspect and export read it from S3."""
+    ready_topic = f"{topics.ready}-s3"
+    run_sink(kafka, topics, url, f"s3-{topics.prompts}", tmp_path / "s3-sink.log", "--ready-topic", ready_topic)
+    assert index_counts(url) == Counter(local.request_ids())
+    remote = open_dataset(url)
+    for request_id in local.request_ids():
+        want, got = local[request_id], remote[request_id]
+        assert torch.equal(got["token_ids"], want["token_ids"]) and got["metadata"] == want["metadata"]
+        assert torch.equal(got["hidden_states"].view(torch.uint8), want["hidden_states"].view(torch.uint8)), request_id
+        assert (got["loss_mask"] is None and want["loss_mask"] is None) or torch.equal(got["loss_mask"], want["loss_mask"])
+    followed = list(follow(kafka.bootstrap, url, topic=ready_topic, idle_timeout=5))
+    assert sorted(s["request_id"] for s in followed) == sorted(local.request_ids())
+    capsys.readouterr()
+    assert main(["inspect", url]) == 0
+    assert f"samples      {len(local)}" in capsys.readouterr().out
+    exported = tmp_path / "speculators-from-s3"
+    assert main(["export", str(exported), "--dataset", url]) == 0
+    _check_speculators_layout(exported, remote)
 
 
 def _check_speculators_layout(exported: Path, dataset) -> None:  # type: ignore[no-untyped-def]

@@ -19,7 +19,7 @@ from runtime.settings import KafkaSettings, TopicSettings
 from schemas import DlqHeaders, HiddenStatesReady
 from sink.assembler import Record
 from sink.shards import read_indexes
-from sink.storage import LocalStorage
+from sink.storage import is_object_store, open_storage
 
 FIGURES = Path(__file__).resolve().parents[2] / "out" / "reliability.json"
 
@@ -29,7 +29,7 @@ def extract_args(kafka: KafkaSettings, topics: TopicSettings, model: Path, group
     return extract_command(kafka.bootstrap, topics, model, "--max-model-len", "512", group=group)
 
 
-def sink_args(kafka: KafkaSettings, topics: TopicSettings, output: Path, group: str) -> list[str]:
+def sink_args(kafka: KafkaSettings, topics: TopicSettings, output: str | Path, group: str) -> list[str]:
     """The fault tests' sink: small shards, closed every second, so kills land among shard writes."""
     return sink_command(kafka.bootstrap, topics, output, "--max-shard-samples", "8", "--max-shard-age", "1",
                         group=group)
@@ -61,12 +61,13 @@ def as_records(prompts: list[dict[str, object]]) -> list[tuple[bytes, bytes]]:
     return [(str(p["request_id"]).encode(), orjson.dumps(p)) for p in prompts]
 
 
-def index_counts(output: Path) -> Counter[str]:
+def index_counts(output: str | Path) -> Counter[str]:
     """How often each request id appears in the dataset's shard indexes (a
-    duplicate shows as 2, which ``open_dataset`` would hide)."""
-    if not output.exists():
+    duplicate shows as 2, which ``open_dataset`` would hide); ``output`` a
+    directory or an ``s3://`` URL."""
+    if not is_object_store(output) and not Path(output).exists():
         return Counter()
-    return Counter(e.request_id for index in read_indexes(LocalStorage(output)) for e in index.events)
+    return Counter(e.request_id for index in read_indexes(open_storage(output)) for e in index.events)
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str, tick: Callable[[], None] = lambda: None) -> None:
@@ -101,7 +102,7 @@ def record_figures(test: str, figures: dict[str, object]) -> None:
     print(f"{test}: {orjson.dumps(figures).decode()}")
 
 
-def check_exactly_once(kafka: KafkaSettings, topics: TopicSettings, output: Path, ids: set[str]) -> None:
+def check_exactly_once(kafka: KafkaSettings, topics: TopicSettings, output: str | Path, ids: set[str]) -> None:
     """The end state every fault test demands: each prompt once in the dataset,
     no valid prompt dead-lettered, only a killed extractor's partial attempts
     (of prompts that made it anyway) reported by the sink, and every sample

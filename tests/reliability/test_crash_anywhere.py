@@ -2,7 +2,9 @@
 engine processes) at random moments and restarted; the dataset still holds every
 prompt exactly once, with the hidden states of an uninterrupted run (and, for the
 prompts the verifier answers, the same answers: a retry regenerates them). The
-killed run's sink stores byteplane-zstd, so that path lives through the kills too.
+killed run's sink writes to S3 (the session's server) and stores byteplane-zstd,
+so both paths live through the kills too; the uninterrupted run writes raw
+shards to local disk.
 
 ``HSX_RELIABILITY_PROMPTS`` / ``HSX_RELIABILITY_KILLS`` scale it up for soak runs
 (defaults 240 prompts, 3 kills of each service).
@@ -49,17 +51,18 @@ def killed_run_limit(uninterrupted_s: float) -> float:
 
 
 def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], workdir: Path,
-         kills: int, rng: random.Random, limit: float, codec: str = "raw") -> tuple[Path, list[dict[str, object]], float]:
+         kills: int, rng: random.Random, limit: float, codec: str = "raw",
+         output: str | None = None) -> tuple[str | Path, list[dict[str, object]], float]:
     """One pipeline run within ``limit`` seconds; each service is killed ``kills``
     times, each time at a random moment 0.5-4 s after it became ready. Returns the
     dataset, where the kills landed and how long the run took."""
     topics = fresh_topics(kafka)
     publish(kafka, topics.prompts, as_records(prompts))
-    output = workdir / "dataset"
+    dataset: str | Path = output or workdir / "dataset"
     workdir.mkdir()
     services = [HsxService("extractor", extract_args(kafka, topics, model, f"x-{topics.prompts}") + [
                     "--max-inflight", "16"], workdir),
-                HsxService("sink", sink_args(kafka, topics, output, f"s-{topics.prompts}") + [
+                HsxService("sink", sink_args(kafka, topics, dataset, f"s-{topics.prompts}") + [
                     "--dataset-codec", codec], workdir)]
     left = {s.name: kills for s in services}
     kill_at: dict[str, float] = {}
@@ -70,7 +73,7 @@ def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], wo
         for service in services:
             assert service.exited() is None, f"{service.name} exited by itself:\n{service.log_tail()}"
             # The sink's kills wait until samples flow, so that they land among shard writes.
-            waiting = service.name == "sink" and not index_counts(output)
+            waiting = service.name == "sink" and not index_counts(dataset)
             if not left[service.name] or waiting or not service.ready():
                 continue
             now = time.monotonic()
@@ -78,7 +81,7 @@ def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], wo
                 kill_at[service.name] = now + rng.uniform(0.5, 4.0)
             elif now >= kill_at[service.name]:
                 del kill_at[service.name]
-                landed.append(_landing(service, output, time.monotonic() - started))
+                landed.append(_landing(service, dataset, time.monotonic() - started))
                 service.kill()
                 left[service.name] -= 1
                 service.start()
@@ -86,7 +89,7 @@ def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], wo
     try:
         for service in services:
             service.start()
-        wait_until(lambda: len(index_counts(output)) >= len(prompts) and not any(left.values()), limit,
+        wait_until(lambda: len(index_counts(dataset)) >= len(prompts) and not any(left.values()), limit,
                    "every prompt in the dataset", tick=chaos)
         took = time.monotonic() - started
         for service in services:
@@ -96,11 +99,11 @@ def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], wo
         for service in services:
             if service.exited() is None:
                 service.kill()
-    check_exactly_once(kafka, topics, output, {str(p['request_id']) for p in prompts})
-    return output, landed, took
+    check_exactly_once(kafka, topics, dataset, {str(p['request_id']) for p in prompts})
+    return dataset, landed, took
 
 
-def _landing(service: HsxService, output: Path, elapsed: float) -> dict[str, object]:
+def _landing(service: HsxService, output: str | Path, elapsed: float) -> dict[str, object]:
     """What the process was doing when it died, from its own metrics."""
     where: dict[str, object] = {"service": service.name, "incarnation": service.incarnations,
                                 "at_s": round(elapsed, 1), "dataset_samples": len(index_counts(output))}
@@ -114,7 +117,7 @@ def _landing(service: HsxService, output: Path, elapsed: float) -> dict[str, obj
 
 
 @pytest.mark.timeout(UNINTERRUPTED_S + killed_run_limit(UNINTERRUPTED_S) + 600)
-def test_sigkill_extractor_and_sink_anywhere(kafka: KafkaSettings, tmp_path: Path) -> None:
+def test_sigkill_extractor_and_sink_anywhere(kafka: KafkaSettings, tmp_path: Path, s3_dataset_url: str) -> None:
     model = models.prepare(names=[MODEL])[MODEL]
     prompts = text_prompts(PROMPTS, "crash")
     # Every 8th prompt is answered by the verifier (greedy): a retry after a kill
@@ -124,10 +127,12 @@ def test_sigkill_extractor_and_sink_anywhere(kafka: KafkaSettings, tmp_path: Pat
     rng = random.Random(SEED)
     reference, _, uninterrupted_s = _run(kafka, model, prompts, tmp_path / "uninterrupted", kills=0, rng=rng,
                                          limit=UNINTERRUPTED_S)
-    # The killed run keeps its hidden states compressed (byteplane-zstd, lossless):
-    # kills must not disturb that path, and it must read back as the raw run's.
+    # The killed run writes to S3 and keeps its hidden states compressed
+    # (byteplane-zstd, lossless): kills must not disturb either path, and it must
+    # read back as the raw local run's.
     output, landed, killed_s = _run(kafka, model, prompts, tmp_path / "killed", kills=KILLS, rng=rng,
-                                    limit=killed_run_limit(uninterrupted_s), codec="byteplane-zstd")
+                                    limit=killed_run_limit(uninterrupted_s), codec="byteplane-zstd",
+                                    output=s3_dataset_url)
 
     assert Counter(k["service"] for k in landed) == {"extractor": KILLS, "sink": KILLS}
     expected, actual = open_dataset(reference), open_dataset(output)
