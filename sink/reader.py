@@ -30,6 +30,7 @@ from typing import Any
 from confluent_kafka import Consumer
 
 from runtime.kafka import consumer_config
+from runtime.recent import RecentKeys
 from runtime.settings import KafkaSettings
 from schemas import HiddenStatesReady
 from schemas.topics import READY
@@ -165,11 +166,13 @@ def follow(
     group_id: str | None = None,
     idle_timeout: float | None = None,
     kafka: KafkaSettings | None = None,
+    dedupe_window: int = 100_000,
 ) -> Iterator[dict[str, Any]]:
     """Yield samples as their ``hidden_states.ready`` events arrive, for training
     online while extraction runs. Each event names a shard that is already
     durable in ``dataset``. Events are de-duplicated by their deterministic
-    ``event_id``; the consumer group (default: a fresh one, reading from the
+    ``event_id`` (the last ``dedupe_window`` of them, so memory stays bounded);
+    the consumer group (default: a fresh one, reading from the
     start) commits automatically, so a restarted trainer resumes roughly where it
     stopped (at least once). Stops after ``idle_timeout`` seconds without events,
     if given."""
@@ -185,7 +188,7 @@ def follow(
 
     consumer.subscribe([topic], on_assign=on_assign)
     shards = ShardHandles(open_storage(dataset, create=True))  # a local one created if the sink has not yet
-    seen: set[str] = set()
+    seen = RecentKeys(dedupe_window)
     last = time.monotonic()
     try:
         # Joining the group takes seconds: allow a minute more before the first assignment.
@@ -195,9 +198,8 @@ def follow(
                 continue
             last = time.monotonic()
             event = HiddenStatesReady.model_validate_json(message.value())
-            if event.event_id in seen:
+            if not seen.add(event.event_id):
                 continue
-            seen.add(event.event_id)
             yield _sample(shards.get(event.shard), event)
     finally:
         consumer.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from pydantic import ValidationError
 
 from runtime.kafka import consumer_config
+from runtime.recent import RecentKeys
 from runtime.settings import KafkaSettings
 from schemas import HiddenStatesReady, format_validation_error
 from schemas.training import LossMaskPolicy
@@ -131,7 +131,7 @@ def _loop(consumer: Consumer, opts: ConsumeOptions, shards: ShardHandles, starts
     origin = {p: start for p, (start, _) in starts.items()}
     first = dict(origin)  # the first offset the next sample of each partition accounts for
     skip = {p: consumed for p, (_, consumed) in starts.items()}
-    seen: OrderedDict[str, None] = OrderedDict()
+    seen = RecentKeys(opts.dedupe_window)
     buffer: list[_Pending] = []
     layout: LayerLayout | None = None
     last_record = time.monotonic()
@@ -155,11 +155,8 @@ def _loop(consumer: Consumer, opts: ConsumeOptions, shards: ShardHandles, starts
             skip[p].discard(offset)
             continue
         event = _event(message)
-        if event.event_id in seen:  # the sink re-announced a sample (a replay): train on it once
+        if not seen.add(event.event_id):  # the sink re-announced a sample (a replay): train on it once
             continue
-        seen[event.event_id] = None
-        if len(seen) > opts.dedupe_window:
-            seen.popitem(last=False)
         check_trainable(event)
         layout = layout or choose_layers(event.layer_ids, opts.layers)
         mask = loss_mask(shards.get(event.shard), event, opts.policy)  # a missing shard fails here, at once
