@@ -104,9 +104,13 @@ def enum_value(kind: type[E]) -> Callable[[str], E]:
 
 def _in_range(value: float, low: float | None, high: float | None) -> None:
     if low is not None and value < low:
-        raise argparse.ArgumentTypeError(f"must be at least {low:g}, got {value:g}")
+        raise argparse.ArgumentTypeError(f"must be at least {_shown(low)}, got {_shown(value)}")
     if high is not None and value > high:
-        raise argparse.ArgumentTypeError(f"must be at most {high:g}, got {value:g}")
+        raise argparse.ArgumentTypeError(f"must be at most {_shown(high)}, got {_shown(value)}")
+
+
+def _shown(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"  # a byte count stays 5242880, not 5.24288e+06
 
 
 def model_dir(flag: str, value: str | Path) -> Path:

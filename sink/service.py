@@ -127,8 +127,8 @@ class Sink:
         for topic, partition in partitions:
             try:
                 state = PartitionState.load(self.storage, topic, partition, self.options.incomplete_timeout)
-            except StorageRefused as exc:  # nothing of this partition is processed, so nothing is committed
-                self.member.fail(exc)
+            except (StorageRefused, OSError) as exc:  # refused, or unavailable past the client's retries:
+                self.member.fail(exc)                  # stop; nothing of the partition was processed or committed
                 return
             self._partitions[(topic, partition)] = state
             log.info("%s-%d: %d samples already stored (%d KiB of dedupe keys)", topic, partition, len(state.keys),

@@ -10,15 +10,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sink.storage.base import Storage, StorageRefused, StorageUnavailable, UnsafePath, Writer
+from sink.storage.base import (
+    Storage, StorageRefused, StorageUnavailable, UnsafePath, UnsupportedLocation, Writer,
+)
 from sink.storage.local import LocalStorage
 
-__all__ = ["LocalStorage", "Storage", "StorageRefused", "StorageUnavailable", "UnsafePath", "Writer",
-           "is_object_store", "open_storage"]
+__all__ = ["LocalStorage", "Storage", "StorageRefused", "StorageUnavailable", "UnsafePath", "UnsupportedLocation",
+           "Writer", "is_object_store", "open_storage"]
 
 
 def is_object_store(location: str | Path) -> bool:
-    return str(location).startswith("s3://")
+    """Whether ``location`` names an object store (``s3://``) rather than a
+    directory; raises :class:`UnsupportedLocation` for any other URL scheme."""
+    text = str(location)
+    if "://" in text and not text.startswith("s3://"):
+        raise UnsupportedLocation(f"dataset {text}: {text.split('://', 1)[0]}:// is not supported "
+                                  "(s3:// or a local path)")
+    return text.startswith("s3://")
 
 
 def open_storage(location: str | Path, *, create: bool = False, part_bytes: int | None = None) -> Storage:
@@ -26,8 +34,6 @@ def open_storage(location: str | Path, *, create: bool = False, part_bytes: int 
     (created when ``create``; else it must exist). An object store is probed
     with one request, so that a wrong key or bucket fails here, in one line."""
     text = str(location)
-    if "://" in text and not is_object_store(text):
-        raise ValueError(f"dataset {text}: {text.split('://', 1)[0]}:// is not supported (s3:// or a local path)")
     if is_object_store(text):
         from sink.storage.s3 import DEFAULT_PART_BYTES, S3Storage  # obstore loads only for s3:// datasets
 

@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from runtime.errors import ServiceFailed
+from runtime.errors import ServiceFailed, UsageError
 
 
 class Writer(Protocol):
@@ -58,6 +58,10 @@ class Storage(Protocol):
     def local_path(self, relative: str) -> Path | None:
         """A path the reader can memory-map, or None where the dataset is not on
         a file system (read it with :meth:`read_ranges`)."""
+
+
+class UnsupportedLocation(UsageError, ValueError):
+    """A dataset location no storage serves (an unknown URL scheme, an s3:// URL without a bucket)."""
 
 
 class UnsafePath(ValueError):

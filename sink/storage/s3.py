@@ -27,7 +27,7 @@ from obstore.exceptions import BaseError, PermissionDeniedError, Unauthenticated
 from obstore.store import S3Store
 
 from runtime.errors import HsxError, UsageError
-from sink.storage.base import StorageRefused, StorageUnavailable, Writer, checked_parts
+from sink.storage.base import StorageRefused, StorageUnavailable, UnsupportedLocation, Writer, checked_parts
 
 MIN_PART_BYTES = 5 << 20
 """S3's smallest multipart part (all but the last)."""
@@ -50,7 +50,7 @@ class S3Storage:
     def __init__(self, url: str, part_bytes: int = DEFAULT_PART_BYTES) -> None:
         bucket, _, prefix = url.removeprefix("s3://").partition("/")
         if not url.startswith("s3://") or not bucket:
-            raise UsageError(f"{url}: an object-store dataset is s3://BUCKET[/PREFIX]")
+            raise UnsupportedLocation(f"{url}: an object-store dataset is s3://BUCKET[/PREFIX]")
         if part_bytes < MIN_PART_BYTES:
             raise UsageError(f"upload part size {part_bytes} is below S3's minimum of {MIN_PART_BYTES} bytes")
         self.url = url.rstrip("/")
