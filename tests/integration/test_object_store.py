@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load
 from torch.utils.data import DataLoader
 
+from hsx.cli import main
 from hsx.dev.s3server import S3Service
 from hsx.dev.training_data import TrainingDataSpec, write_training_dataset
 from schemas.dataset_codec import DatasetCodec
@@ -138,3 +139,14 @@ def test_a_wrong_key_and_a_missing_bucket_are_refused_in_one_line(
         monkeypatch.setenv(name, value)
     with pytest.raises(StorageRefused, match=r"bucket 'hsx-no-such-bucket' does not exist at http"):
         open_storage("s3://hsx-no-such-bucket/data")
+
+
+@pytest.mark.parametrize("argv", [["inspect", "s3://hsx-no-such-bucket/data"],
+                                  ["export", "{tmp}/out", "--dataset", "s3://hsx-no-such-bucket/data"]])
+def test_readers_name_a_missing_bucket_in_one_line(argv: list[str], s3_env: dict[str, str], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str],
+                                                    restore_root_logging: None) -> None:
+    assert main([word.replace("{tmp}", str(tmp_path)) for word in argv]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"hsx {argv[0]}: s3://hsx-no-such-bucket/data: bucket 'hsx-no-such-bucket' does not exist" in err, err
