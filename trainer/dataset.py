@@ -7,7 +7,10 @@ Row ``i`` is the i-th trainable sample in index order, the same row ``i`` as in
 ``hsx export --format speculators`` of the same dataset with the same options.
 Shards are opened lazily, in the process that reads them: a DataLoader worker
 gets a copy without open handles and maps the files itself, so the dataset is
-safe with ``num_workers > 0`` and with ``DistributedSampler``.
+safe with ``num_workers > 0`` and with ``DistributedSampler``. An ``s3://``
+dataset is read with ranged GETs; its workers need
+``multiprocessing_context="forkserver"`` (or ``"spawn"``): the object-store
+client does not survive ``fork()``, and a forked worker says so at once.
 """
 
 from __future__ import annotations
