@@ -8,6 +8,10 @@ yields each sample as the sink makes it durable.
         stream.commit(batch)                    # after the step: these samples are trained on
         if time_to_checkpoint: save({"model": ..., "stream": stream.state_dict()})
 
+The dataset may be a directory or ``s3://bucket/prefix``; over S3, start the
+workers with ``multiprocessing_context="forkserver"`` (the object-store client
+does not survive ``fork()``).
+
 **One consumer group per training job** (``group_id``): its commits are the
 job's position. Partitions are split statically across ranks × DataLoader
 workers (partition ``p`` to slot ``p % (world_size × num_workers)``; slots
