@@ -21,6 +21,7 @@ from runtime.kafka import ensure_topics, producer_config
 from runtime.settings import KafkaSettings
 from schemas import HiddenStatesReady
 from sink.reader import MissingShard
+from sink.storage import open_storage
 from tests.integration.online_trainer import BATCH
 from trainer import PaddedCollate, ReadyStream
 from trainer.consume import my_partitions
@@ -134,3 +135,17 @@ def test_a_second_epoch_of_persistent_workers_reads_only_what_came_since(tmp_pat
         publish(later)
     stream.close()
     assert epochs == [sorted(e.request_id for e in events[:10]), sorted(e.request_id for e in events[10:])]
+
+
+def test_a_stream_over_an_s3_dataset_with_forkserver_workers(kafka: KafkaSettings, s3_dataset_url: str) -> None:
+    events = write_training_dataset(open_storage(s3_dataset_url), TrainingDataSpec(samples=12), partitions=2)
+    topic = _publish(kafka, events, partitions=2)
+    stream = ReadyStream(kafka.bootstrap, s3_dataset_url, f"job-{uuid.uuid4().hex}", topic=topic, until_end=True)
+    loader = DataLoader(stream, batch_size=4, num_workers=2, collate_fn=PaddedCollate(torch.float32),
+                        multiprocessing_context="forkserver")
+    delivered = []
+    for batch in loader:
+        delivered += batch["request_ids"]
+        stream.commit(batch)
+    stream.close()
+    assert sorted(delivered) == sorted(e.request_id for e in events)
