@@ -61,7 +61,8 @@ import torch
 
 from bench.sink_scale import standalone
 from hsx.dev.commands import sink_command
-from hsx.dev.s3server import LocalS3, S3Service, dev_s3
+from hsx.dev.s3server import LocalS3, dev_s3
+from hsx.dev.s3service import S3Service
 from hsx.dev.spawn import HsxService, cpu_engine_env
 from hsx.dev.topics import fresh_topics
 from runtime.broker import dev_bootstrap

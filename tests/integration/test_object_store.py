@@ -12,7 +12,7 @@ from safetensors.torch import load
 from torch.utils.data import DataLoader
 
 from hsx.cli import main
-from hsx.dev.s3server import S3Service
+from hsx.dev.s3service import S3Service
 from hsx.dev.training_data import TrainingDataSpec, write_training_dataset
 from schemas.dataset_codec import DatasetCodec
 from sink.reader import open_dataset

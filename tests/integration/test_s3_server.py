@@ -18,7 +18,8 @@ import obstore
 import pytest
 from obstore.store import S3Store
 
-from hsx.dev.s3server import LocalS3, S3Error, S3Service, dev_s3, external_s3
+from hsx.dev.s3server import LocalS3, dev_s3
+from hsx.dev.s3service import S3Error, S3Service, external_s3
 
 
 def _split(url: str) -> tuple[str, str]:

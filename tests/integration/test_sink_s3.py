@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hsx.dev.commands import sink_command
-from hsx.dev.s3server import S3Service
+from hsx.dev.s3service import S3Service
 from hsx.dev.spawn import HsxService, cpu_engine_env
 from hsx.dev.topics import fresh_topics
 from runtime.kafka.drain import drain
