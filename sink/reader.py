@@ -44,7 +44,8 @@ READ_AHEAD_BYTES = 64 << 20
 
 
 class ShardHandles:
-    """Open shards (``safe_open``, memory-mapped), the last ``max_open`` kept.
+    """Open shards (local ones memory-mapped by ``safe_open``, remote ones a
+    :class:`~sink.safetensors_io.RemoteShard` holding the header), the last ``max_open`` kept.
     Handles are never shared across processes: a pickled copy (a spawned
     DataLoader worker's) starts with none open, and so does a forked one at its
     first read, so each worker maps the files itself."""

@@ -15,6 +15,7 @@ from schemas import HiddenStatesReady
 from schemas.dataset_codec import DatasetCodec
 from schemas.training import LossMaskPolicy
 from sink.encoding import read_hidden_states
+from sink.safetensors_io import prefetch
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,11 @@ def read_sample(shard: Any, event: HiddenStatesReady, layout: LayerLayout, polic
     """Read one sample from its open shard (``safe_open``: only its own bytes are
     read from the memory map). ``mask``: its loss mask, when already read."""
     check_trainable(event)
+    names = event.tensors
+    # A remote shard: the tensors read below in one round of requests (only those, or
+    # prefetched bytes would wait for a read that never comes).
+    prefetch(shard, [names.hidden_states, names.token_ids]
+             + ([names.loss_mask] if mask is None and names.loss_mask else []))
     if tuple(event.layer_ids) != layout.stored:
         raise ValueError(f"sample {event.request_id} stores layers {event.layer_ids}, "
                          f"not the {list(layout.stored)} the loader was set up for")

@@ -121,6 +121,9 @@ def test_a_trainer_loads_an_s3_dataset_with_dataloader_workers(s3_dataset_url: s
     for i, sample in enumerate(got):
         assert torch.equal(sample.hidden_states, disk[i].hidden_states)
         assert torch.equal(sample.input_ids, disk[i].input_ids) and torch.equal(sample.loss_mask, disk[i].loss_mask)
+    for i in range(len(remote)):  # in this process too; each read takes all the bytes it fetched
+        assert torch.equal(remote[i].hidden_states, disk[i].hidden_states)
+    assert all(not shard._fetched for shard in remote._shards._open.values())
     with pytest.raises(Exception, match=r"forked after its parent read or wrote s3://.*forkserver"):
         list(DataLoader(remote, batch_size=None, num_workers=1, multiprocessing_context="fork"))  # fails, never hangs
 
