@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import get_args
 
 import psutil
 from tqdm import tqdm
@@ -44,6 +45,8 @@ from runtime.kafka import DeliveryTracker, ensure_topics, make_producer
 from runtime.kafka.admin import ONE_SHOT_CONNECT_TIMEOUT, add_connect_timeout
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings
 from schemas import Topics
+from schemas.connector import WireDType
+from schemas.dataset_codec import DatasetCodec
 from sink.reader import Dataset
 from sink.service import dataset_name
 from sink.storage import is_object_store, open_storage
@@ -63,6 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_connect_timeout(parser, ONE_SHOT_CONNECT_TIMEOUT, cluster="the cluster of --bootstrap")
     parser.add_argument("--partitions", type=bounded(TopicSettings, "partitions"), default=2,
                         help="partitions of run-scoped topics (default 2)")
+    parser.add_argument("--dataset-codec", choices=[c.value for c in DatasetCodec], default=DatasetCodec.RAW.value,
+                        help="how shards store hidden states, as hsx sink --dataset-codec (default raw)")
+    parser.add_argument("--wire-dtype", choices=list(get_args(WireDType)), default="model",
+                        help="what block records carry, as hsx extract --wire-dtype (default model: lossless)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(model_actions=add_model_arguments(parser))
 
@@ -86,6 +93,10 @@ class RunPlan:
     """How long a cluster named by ``bootstrap`` may take to answer (``None``: for ever)."""
     log_dir: Path | None = None
     """Where the services' logs go (default: see :attr:`logs`)."""
+    dataset_codec: DatasetCodec = DatasetCodec.RAW
+    """The sink's ``--dataset-codec``."""
+    wire_dtype: WireDType = "model"
+    """The extractor's ``--wire-dtype``."""
 
     def __post_init__(self) -> None:
         model_dir("--model", self.model)
@@ -114,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     forwarded = [a for a in args.model_actions if a.dest != "model"]
     plan = RunPlan(model=Path(args.model), output=args.output, lines=lines, mapping=mapping, on_invalid=on_invalid,
                    engine_argv=as_argv(forwarded, args), bootstrap=args.bootstrap, partitions=args.partitions,
-                   progress=not args.no_progress, connect_timeout=args.connect_timeout)
+                   progress=not args.no_progress, connect_timeout=args.connect_timeout,
+                   dataset_codec=DatasetCodec(args.dataset_codec), wire_dtype=args.wire_dtype)
     try:
         with stopping_children_on_interrupt():
             report = run_pipeline(plan)
@@ -141,8 +153,10 @@ def run_pipeline(plan: RunPlan) -> RunReport:
         feed = LedgerFeed(kafka, topics, ledger)
         group = f"hsx-run-{uuid.uuid4().hex[:8]}"
         sink = HsxService("sink", sink_command(bootstrap, topic_settings, plan.output, "--flush-when-idle",
-                                               SINK_FLUSH_WHEN_IDLE, group=f"{group}-sink"), logs, stats=True)
+                                               SINK_FLUSH_WHEN_IDLE, "--dataset-codec", plan.dataset_codec.value,
+                                               group=f"{group}-sink"), logs, stats=True)
         extractor = HsxService("extractor", extract_command(bootstrap, topic_settings, plan.model, *plan.engine_argv,
+                                                            "--wire-dtype", plan.wire_dtype,
                                                             group=f"{group}-extractor", engine_flags=()),
                                logs, stats=True)
         started = time.monotonic()

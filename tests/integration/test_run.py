@@ -31,12 +31,12 @@ def _prompts(ids: range) -> list[dict[str, object]]:
 
 
 def _hsx_run(tmp_path: Path, name: str, prompts: list[dict[str, object]], output: Path,
-             model: Path) -> subprocess.CompletedProcess[str]:
+             model: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     source = tmp_path / f"{name}.jsonl"
     source.write_bytes(b"\n".join(orjson.dumps(p) for p in prompts) + b"\n")
     plain = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "HSX_"))}
     return subprocess.run([sys.executable, "-m", "hsx.cli", "run", str(source), "--model", str(model), "--output",
-                           str(output), "--no-progress", *ENGINE], env=plain, capture_output=True, text=True,
+                           str(output), "--no-progress", *ENGINE, *extra], env=plain, capture_output=True, text=True,
                           timeout=900)
 
 
@@ -61,9 +61,11 @@ def test_run_extracts_resumes_and_reports_dead_letters(tmp_path: Path) -> None:
     assert max_relative_error(sample["hidden_states"], reference) <= 1e-4
 
     # The same output again: the first six are skipped, two new ones are added, and
-    # one prompt longer than --max-model-len is dead-lettered (so the run fails).
+    # one prompt longer than --max-model-len is dead-lettered (so the run fails). This
+    # run sends fp8 and stores byteplane-zstd (dequantized): the dataset mixes codecs.
     too_long = {"request_id": "run-long", "token_ids": list(range(5, 400))}
-    second = _hsx_run(tmp_path, "second", _prompts(range(8)) + [too_long], output, model)
+    second = _hsx_run(tmp_path, "second", _prompts(range(8)) + [too_long], output, model,
+                      "--wire-dtype", "fp8", "--dataset-codec", "byteplane-zstd")
     assert second.returncode == 1, second.stdout + second.stderr[-4000:]
     assert _row(second.stdout, "skipped (already in the dataset)") == "6"
     assert _row(second.stdout, "samples written") == "2"
@@ -71,3 +73,9 @@ def test_run_extracts_resumes_and_reports_dead_letters(tmp_path: Path) -> None:
     assert _row(second.stdout, "lost") == "0"
     counts = Counter(e.request_id for index in read_indexes(LocalStorage(output)) for e in index.events)
     assert counts == Counter({f"run-{i}": 1 for i in range(8)})
+    mixed = open_dataset(output)
+    assert {mixed.event(f"run-{i}").codec.value for i in range(8)} == {"raw", "byteplane-zstd"}
+    assert mixed.event("run-7").codec.value == "byteplane-zstd"
+    sample = mixed["run-7"]
+    reference = HFReference(model).hidden_states(sample["token_ids"].tolist(), mixed.event("run-7").layer_ids)
+    assert 0 < max_relative_error(sample["hidden_states"], reference) <= 2 ** -4 + 1e-4  # fp8's bound (schemas/fp8.py)
