@@ -130,16 +130,13 @@ def _read_ahead(shard: Any, events: list[HiddenStatesReady]) -> Iterator[list[Hi
         return
     window: list[HiddenStatesReady] = []
     size = 0
-    for event in events:
+    for i, event in enumerate(events):
         window.append(event)
         size += sum(shard.nbytes(name) for name in tensor_names(event))
-        if size >= READ_AHEAD_BYTES:
+        if size >= READ_AHEAD_BYTES or i == len(events) - 1:
             shard.prefetch(name for e in window for name in tensor_names(e))
             yield window
             window, size = [], 0
-    if window:
-        shard.prefetch(name for e in window for name in tensor_names(e))
-        yield window
 
 
 def tensor_names(event: HiddenStatesReady) -> list[str]:

@@ -37,6 +37,7 @@ UPLOAD_CONCURRENCY = 4
 _REFUSED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchBucket",
                   "InvalidBucketName", "AllAccessDisabled", "AccountProblem", "InvalidToken", "ExpiredToken", "403"}
 _CODE = re.compile(r"<Code>(\w+)</Code>")
+_STATUS = re.compile(r"(?<!\w)(\d{3}) [A-Z]")
 _LIST_PAGE = 1000
 _RUNTIME_PID: int | None = None
 """The process whose obstore runtime is running: a forked copy of it hangs."""
@@ -157,7 +158,7 @@ class S3Storage:
 
 def _translate(exc: Exception, operation: str, where: str, bucket: str) -> Exception:
     text = str(exc)
-    code = (_CODE.search(text) or re.search(r"(?<!\w)(\d{3}) [A-Z]", text) or [None, type(exc).__name__])[1]
+    code = _error_code(exc, text)
     endpoint = os.environ.get("AWS_ENDPOINT_URL") or "AWS S3"
     if code == "NoSuchBucket":
         return StorageRefused(f"{where}: bucket {bucket!r} does not exist at {endpoint} (create it first)")
@@ -171,6 +172,15 @@ def _translate(exc: Exception, operation: str, where: str, bucket: str) -> Excep
         return FileNotFoundError(f"{where}: no such object")
     first_line = text.split("\n", 1)[0][:300]
     return StorageUnavailable(f"{where}: {operation} failed after retries ({code}): {first_line}")
+
+
+def _error_code(exc: Exception, text: str) -> str:
+    """The S3 error code in obstore's message (``<Code>…</Code>``), else the
+    HTTP status it quotes, else the exception's type."""
+    for pattern in (_CODE, _STATUS):
+        if match := pattern.search(text):
+            return match[1]
+    return type(exc).__name__
 
 
 def _key(relative: str) -> str:
