@@ -240,7 +240,7 @@ def results(repeats: int = 3) -> dict[str, object]:
     out["dataset_byteplane_zstd_vs_raw_bf16"] = out["dataset_long_bf16_byteplane-zstd_vs_raw_bf16"]
     out["dataset_fp8_zstd_vs_raw_bf16"] = out["dataset_long_bf16_fp8-zstd_vs_raw_bf16"]
     out["dataset_byteplane_zstd_decode_mb_s"] = out["dataset_long_bf16_byteplane-zstd_decode_mb_s"]
-    out.update(codec_bench.results(hidden_f32))
+    out.update(codec_bench.results(demo))
     return out
 
 

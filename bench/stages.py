@@ -90,8 +90,9 @@ def stage_times(hidden: torch.Tensor, length: int, directory: Path) -> dict[str,
 
 def results(quick: bool = False) -> dict[str, object]:
     torch.set_num_threads(1)
-    hidden = codec_bench.smollm2_hidden_states()
-    out = codec_bench.results(hidden)
+    samples = codec_bench.smollm2_samples()
+    hidden = torch.cat(samples)
+    out = codec_bench.results(samples)
     with tempfile.TemporaryDirectory() as tmp:
         for length in LENGTHS[:2] if quick else LENGTHS:
             for stage, seconds in stage_times(hidden, length, Path(tmp)).items():
