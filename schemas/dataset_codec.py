@@ -148,7 +148,7 @@ def read_fp8(payload: Buffer, shape: Shape | None = None) -> tuple[np.ndarray, n
     split = header.segments[0].nbytes
     scales_bytes = unpack_segment(body[:split], header.segments[0], sizes[0])
     codes_bytes = unpack_segment(body[split:], header.segments[1], sizes[1])
-    actual = checksum(scales_bytes + codes_bytes)
+    actual = checksum(scales_bytes, codes_bytes)
     if actual != header.checksum:
         raise CorruptBlock(f"fp8 checksum mismatch: {actual} != {header.checksum}")
     scales = np.frombuffer(scales_bytes, dtype="<f4").astype(np.float32).reshape(tokens, layers)
