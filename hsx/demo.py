@@ -25,7 +25,8 @@ from hsx.reference import HFReference, max_relative_error
 from hsx.run import RunPlan, run_pipeline, stopping_children_on_interrupt
 from hsx.summary import RunReport, render
 from producer.sources import read_jsonl
-from hsx.dev.s3server import dev_s3
+from hsx.dev.s3server import LocalS3, dev_s3
+from hsx.dev.s3service import external_s3
 from runtime.broker import dev_bootstrap
 from runtime.checks import writable_dir
 from runtime.errors import ExitCode, UsageError
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
                        engine_argv=ENGINE_ARGV, bootstrap=bootstrap, progress=not args.no_progress)
         report = run_pipeline(plan)
         code = _check(report, model_dir)
-    if args.s3:
+    if args.s3 and external_s3() is None:
         print(f"[demo] the demo's S3 server has stopped; its data stays in {args.output / 'seaweedfs'}")
     return code
 
@@ -79,10 +80,24 @@ def _dataset(args: argparse.Namespace) -> Iterator[tuple[str, Path | None]]:
         os.environ.clear()
         os.environ.update(server.child_environ(saved))
         try:
+            if not isinstance(server, LocalS3):
+                _empty(S3_DATASET)  # a fresh local server starts empty; an external one may hold an earlier demo
             yield S3_DATASET, args.output / "logs"
         finally:
             os.environ.clear()
             os.environ.update(saved)
+
+
+def _empty(url: str) -> None:
+    """Delete every object under ``url`` (the demo's own prefix), as the local
+    demo empties ``out/demo``."""
+    import obstore
+
+    from sink.storage.s3 import S3Storage
+
+    store = S3Storage(url).store
+    for batch in obstore.list(store):
+        obstore.delete(store, [meta["path"] for meta in batch])
 
 
 def _check_output(output: Path) -> None:
