@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -111,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         log.debug("interrupted", exc_info=True)
         log.error("hsx %s: interrupted (Ctrl-C)", args.command)
         return int(ExitCode.INTERRUPTED)
+    except BrokenPipeError:
+        # The reader of stdout went away (``hsx inspect ... | head``): stop quietly,
+        # as other command-line tools do. stdout points at /dev/null so that
+        # Python's own flush at exit does not fail on the closed pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return int(ExitCode.BROKEN_PIPE)
 
 
 if __name__ == "__main__":

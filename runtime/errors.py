@@ -28,6 +28,9 @@ class ExitCode(IntEnum):
     """Ctrl-C (SIGINT) before the command finished (128 + SIGINT, as shells report
     it); child processes were stopped and the same command resumes. Services
     (``extract``, ``sink``) take a SIGINT once running as a drain and exit 0."""
+    BROKEN_PIPE = 141
+    """The reader of the command's output went away (``hsx inspect ... | head``):
+    128 + SIGPIPE, as shells report a tool that the signal stopped."""
 
 
 class HsxError(Exception):

@@ -3,12 +3,16 @@ generated, and on last-token samples."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
 import pytest
 
 from hsx.cli import main
+from runtime.errors import ExitCode
 from sink.assembler import Assembler, Record, Sample
 from sink.shards import OpenShard, write_shard
 from sink.storage import LocalStorage
@@ -68,3 +72,21 @@ def test_export_refuses_last_token_samples(tmp_path: Path, capfd: pytest.Capture
     assert main(["export", str(tmp_path / "out"), "--dataset", str(root)]) == 2
     assert "holds the last token's hidden states only" in capfd.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_inspect_into_a_closed_pipe_stops_quietly(tmp_path: Path) -> None:
+    """``hsx inspect DATASET | head -1`` once ``head`` has left: the command's
+    output goes to a pipe nobody reads; it exits 141 (128 + SIGPIPE) without a
+    traceback. The read end is closed before the child starts, so its first write
+    fails whatever the timing."""
+    root = _dataset(tmp_path, _generated("gen-1"))
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([sys.executable, "-m", "hsx.cli", "inspect", str(root)], stdout=write_end,
+                              stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parents[2], timeout=60)
+    finally:
+        os.close(write_end)
+    stderr = done.stderr.decode()
+    assert done.returncode == ExitCode.BROKEN_PIPE == 141, stderr
+    assert "Traceback" not in stderr and "Broken pipe" not in stderr, stderr
