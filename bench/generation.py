@@ -48,7 +48,8 @@ from bench.extraction import omp_threads
 from bench import section
 from bench.prompts import demo_token_ids
 from extractor.completion import CompletionReceiver
-from extractor.engine import Engine, EngineOptions, default_layer_ids, engine_args, text_config
+from extractor.engine import Engine, EngineOptions, default_layer_ids, engine_args
+from extractor.model_config import text_config
 from hsx import models
 from hsx.dev.topics import fresh_topic_settings
 from runtime.broker import dev_bootstrap

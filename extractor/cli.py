@@ -11,7 +11,8 @@ from typing import Any, get_args
 import orjson
 import zstandard
 
-from extractor.engine import EngineOptions, default_layer_ids, text_config
+from extractor.engine import EngineOptions, default_layer_ids
+from extractor.model_config import text_config
 from extractor.options import ExtractorOptions
 from extractor.service import Extractor
 from runtime.checks import bounded, enum_value, integer, model_dir, number, writable_file

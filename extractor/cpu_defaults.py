@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from extractor.model_config import text_config
 from runtime.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -249,8 +250,6 @@ def apply_cpu_defaults(options: Any) -> CpuDefaults | None:
     ``os.environ`` and log them; nothing off CPU."""
     from vllm.platforms import current_platform
 
-    from extractor.engine import text_config
-
     if not current_platform.is_cpu():
         return None
     environ = {k: v for k, v in os.environ.items() if _applied.get(k) != v}
@@ -271,8 +270,6 @@ def apply_cpu_defaults(options: Any) -> CpuDefaults | None:
 def explain_start_failure(options: Any, exc: BaseException) -> str | None:
     """:func:`start_failure_reason` for a failed start of ``options``' engine."""
     from vllm.platforms import current_platform
-
-    from extractor.engine import text_config
 
     if not current_platform.is_cpu():
         return None

@@ -11,15 +11,6 @@ from schemas import Generation
 from schemas.connector import DISCARD_KEY, EXTRA_CONFIG_KEY, PARAMS_KEY, ConnectorConfig, RequestParams
 
 
-def text_config(model: str) -> Any:
-    """The model's text config (``num_hidden_layers``, ``hidden_size``,
-    ``vocab_size``), also for multimodal configs that nest it."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model)
-    return getattr(config, "get_text_config", lambda: config)()
-
-
 def default_layer_ids(num_hidden_layers: int) -> list[int]:
     """EAGLE-3's choice: a low, a middle and a high layer, plus the last layer's
     output (id ``num_hidden_layers``, before the final norm)."""

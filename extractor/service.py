@@ -21,7 +21,8 @@ from pydantic import ValidationError
 
 from extractor.attempts import Attempts
 from extractor.completion import CompletionReceiver
-from extractor.engine import Engine, EngineOptions, text_config
+from extractor.engine import Engine, EngineOptions
+from extractor.model_config import text_config
 from extractor.options import ExtractorOptions
 from extractor.prompts import PromptPreparer, PromptRejected
 from extractor.stats import ExtractorStats
