@@ -62,8 +62,9 @@ Why: a hidden-state byte plane has almost no repeats for zstd's match finder,
 so at level 1 it spent most of its time looking for them. A 64-entry hash table
 and 7-byte minimum matches leave zstd a Huffman coder of literals: on SmolLM2's
 planes 2.4x faster to encode and 2.1x faster to decode, for 0.3 % more bytes
-(``python -m bench --only dataset_codecs``). Decoders need nothing: these are the encoder's choices, the frames are ordinary zstd. Other levels are
-zstd's own (the benchmarks compare them)."""
+(``python -m bench --only dataset_codecs``). Decoders need nothing: these are
+the encoder's choices, the frames are ordinary zstd. Other levels are zstd's own
+(the benchmarks compare them)."""
 
 
 def _decompressor() -> zstandard.ZstdDecompressor:

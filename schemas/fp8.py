@@ -93,8 +93,7 @@ def narrow(values: np.ndarray, dtype: DType) -> np.ndarray:
     wide += bits
     wide >>= 16
     rounded = wide.astype("<u2")
-    top = rounded & 0x7F80
-    if (top == 0x7F80).any():  # the carry above could turn a NaN into an infinity
+    if ((rounded & 0x7F80) == 0x7F80).any():  # the carry above could turn a NaN into an infinity
         rounded[np.isnan(values)] = 0x7FC0
     return rounded.view(np.uint8).reshape(-1)
 
