@@ -99,9 +99,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; an :class:`HsxError` becomes one log line and its exit code
-    (the table is :class:`runtime.errors.ExitCode`), Ctrl-C one line and 130."""
+    (the table is :class:`runtime.errors.ExitCode`), Ctrl-C one line and 130, a
+    reader of stdout that went away (``hsx inspect ... | head``) a quiet 141."""
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
+    try:
+        code = _run(args)
+        sys.stdout.flush()  # here, not in Python's own flush at exit, where a closed pipe prints a traceback
+        return code
+    except BrokenPipeError:
+        # stdout points at /dev/null, so the flush at exit finds nothing left to fail on.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return int(ExitCode.BROKEN_PIPE)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.handler(args))
     except HsxError as exc:
@@ -112,12 +124,6 @@ def main(argv: list[str] | None = None) -> int:
         log.debug("interrupted", exc_info=True)
         log.error("hsx %s: interrupted (Ctrl-C)", args.command)
         return int(ExitCode.INTERRUPTED)
-    except BrokenPipeError:
-        # The reader of stdout went away (``hsx inspect ... | head``): stop quietly,
-        # as other command-line tools do. stdout points at /dev/null so that
-        # Python's own flush at exit does not fail on the closed pipe again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return int(ExitCode.BROKEN_PIPE)
 
 
 if __name__ == "__main__":

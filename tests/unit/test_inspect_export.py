@@ -78,15 +78,21 @@ def test_inspect_into_a_closed_pipe_stops_quietly(tmp_path: Path) -> None:
     """``hsx inspect DATASET | head -1`` once ``head`` has left: the command's
     output goes to a pipe nobody reads; it exits 141 (128 + SIGPIPE) without a
     traceback. The read end is closed before the child starts, so its first write
-    fails whatever the timing."""
+    fails whatever the timing; buffered (a write at the end, the usual case in a
+    pipe) and unbuffered (every print writes) stdout both."""
     root = _dataset(tmp_path, _generated("gen-1"))
-    read_end, write_end = os.pipe()
-    os.close(read_end)
-    try:
-        done = subprocess.run([sys.executable, "-m", "hsx.cli", "inspect", str(root)], stdout=write_end,
-                              stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parents[2], timeout=60)
-    finally:
-        os.close(write_end)
-    stderr = done.stderr.decode()
-    assert done.returncode == ExitCode.BROKEN_PIPE == 141, stderr
-    assert "Traceback" not in stderr and "Broken pipe" not in stderr, stderr
+    for unbuffered in ("", "1"):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        if unbuffered:
+            env["PYTHONUNBUFFERED"] = unbuffered
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            done = subprocess.run([sys.executable, "-m", "hsx.cli", "inspect", str(root)], stdout=write_end,
+                                  stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parents[2], env=env,
+                                  timeout=60)
+        finally:
+            os.close(write_end)
+        stderr = done.stderr.decode()
+        assert done.returncode == ExitCode.BROKEN_PIPE == 141, (unbuffered, stderr)
+        assert "Traceback" not in stderr and "Broken pipe" not in stderr, (unbuffered, stderr)
