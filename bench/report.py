@@ -123,7 +123,7 @@ def _dataset_codecs(r: dict[str, Any]) -> list[str]:
         "usable speed, so the layout is unchanged. The tuned zstd setting (hash log 6, min match 7) is now the "
         "default level's (`schemas/codec.py`): on token-major planes zstd alone encodes 2.4× faster and decodes "
         "2.1× faster for 0.3 % more bytes, so byteplane-zstd as a whole encodes 1.7× and decodes 1.2× faster "
-        "than before (long set, in the run that adopted it: 680 → 1,173 and 1,868 → 2,259 MB/s; 1.414× → 1.410×), with no format change. fp8 decodes in place since (one float32 array and one integer temporary, where it made six arrays): 653 → 875 MB/s on the long set.",
+        "than before (long set, in the run that adopted it: 680 → 1,173 and 1,868 → 2,259 MB/s; 1.414× → 1.410×), with no format change. fp8 decodes in place since (one float32 array and one integer temporary, where it made about eight): 653 → 875 MB/s on the long set.",
         f"- **fp8 error** (bf16 states, long set): ‖x′ − x‖ / ‖x‖ per layer {errors}; worst element that is "
         f"normal after scaling {_fmt(g('dataset_long_bf16_fp8_max_rel_error_normal'))} (bound 2⁻⁴ = 0.0625); "
         f"every element within the documented bound: {g('dataset_long_bf16_fp8_within_bound')}.",
