@@ -13,10 +13,10 @@ import torch
 from safetensors import safe_open
 
 from hsx.dev.topics import fresh_topics
-from runtime.settings import KafkaSettings
+from runtime.settings import KafkaSettings, TopicSettings
 from schemas.dataset_codec import DatasetCodec
 from schemas.shard import ShardMetadata
-from sink.reader import follow, open_dataset
+from sink.reader import Dataset, follow, open_dataset
 from tests.integration.test_sink_dedupe import run_sink
 from tests.reliability.harness import publish
 from tests.unit.test_assembler import records
@@ -36,6 +36,18 @@ def _publish(kafka: KafkaSettings, topic: str, request_ids: list[str], first_off
     return originals
 
 
+def _stored(kafka: KafkaSettings, topics: TopicSettings, tmp_path: Path, codec: DatasetCodec,
+            originals: dict[str, torch.Tensor]) -> tuple[Path, Dataset]:
+    """One sink run with ``codec`` over the blocks topic until idle: its output
+    and dataset, which must hold exactly the requests of ``originals``."""
+    output = tmp_path / "dataset"
+    sink = run_sink(kafka, topics, output, tmp_path, "sink", "--dataset-codec", codec.value)
+    assert sink.exited() == 0, sink.log_tail()
+    dataset = open_dataset(output)
+    assert sorted(dataset.request_ids()) == sorted(originals)
+    return output, dataset
+
+
 def _shard_codecs(output: Path) -> set[DatasetCodec]:
     codecs = set()
     for shard in (output / "shards").glob("*.safetensors"):
@@ -49,11 +61,7 @@ def test_every_codec_round_trips_through_a_real_sink(kafka: KafkaSettings, tmp_p
                                                      codec: DatasetCodec) -> None:
     topics = fresh_topics(kafka, partitions=1)
     originals = _publish(kafka, topics.blocks, ["a", "b", "c"])
-    output = tmp_path / "dataset"
-    sink = run_sink(kafka, topics, output, tmp_path, "sink", "--dataset-codec", codec.value)
-    assert sink.exited() == 0, sink.log_tail()
-    dataset = open_dataset(output)
-    assert sorted(dataset.request_ids()) == sorted(originals)
+    output, dataset = _stored(kafka, topics, tmp_path, codec, originals)
     for request_id, hidden in originals.items():
         assert dataset.event(request_id).codec is codec
         assert_decoded(hidden, dataset[request_id]["hidden_states"], codec)
@@ -115,11 +123,7 @@ def test_fp8_block_records_are_stored_by_every_codec(kafka: KafkaSettings, tmp_p
     ref = manifest.blocks[0].model_copy(update={"checksum": read_header(bad[0].value)[0].checksum})
     bad[1].value = manifest.model_copy(update={"blocks": [ref]}).model_dump_json().encode()
     publish(kafka, topics.blocks, bad)
-    output = tmp_path / "dataset"
-    sink = run_sink(kafka, topics, output, tmp_path, "sink", "--dataset-codec", codec.value)
-    assert sink.exited() == 0, sink.log_tail()
-    dataset = open_dataset(output)
-    assert sorted(dataset.request_ids()) == sorted(originals)
+    _, dataset = _stored(kafka, topics, tmp_path, codec, originals)
     for request_id, hidden in originals.items():
         event = dataset.event(request_id)
         assert event.codec is codec and event.dtype.value == "bfloat16" and event.shape == tuple(hidden.shape)
