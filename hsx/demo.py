@@ -26,7 +26,6 @@ from hsx.run import RunPlan, run_pipeline, stopping_children_on_interrupt
 from hsx.summary import RunReport, render
 from producer.sources import read_jsonl
 from hsx.dev.s3server import LocalS3, dev_s3
-from hsx.dev.s3service import external_s3
 from runtime.broker import dev_bootstrap
 from runtime.checks import writable_dir
 from runtime.errors import ExitCode, UsageError
@@ -62,8 +61,6 @@ def run(args: argparse.Namespace) -> int:
                        engine_argv=ENGINE_ARGV, bootstrap=bootstrap, progress=not args.no_progress)
         report = run_pipeline(plan)
         code = _check(report, model_dir)
-    if args.s3 and external_s3() is None:
-        print(f"[demo] the demo's S3 server has stopped; its data stays in {args.output / 'seaweedfs'}")
     return code
 
 
@@ -75,17 +72,20 @@ def _dataset(args: argparse.Namespace) -> Iterator[tuple[str, Path | None]]:
         yield str(args.output), None
         return
     with dev_s3(args.output / "seaweedfs") as server:
+        local = isinstance(server, LocalS3)
         server.create_bucket(S3_DATASET.removeprefix("s3://").split("/")[0])
         saved = dict(os.environ)
         os.environ.clear()
         os.environ.update(server.child_environ(saved))
         try:
-            if not isinstance(server, LocalS3):
+            if not local:
                 _empty(S3_DATASET)  # a fresh local server starts empty; an external one may hold an earlier demo
             yield S3_DATASET, args.output / "logs"
         finally:
             os.environ.clear()
             os.environ.update(saved)
+    if local:  # reached only when the demo finished: an error passes through the yield above
+        print(f"[demo] the demo's S3 server has stopped; its data stays in {args.output / 'seaweedfs'}")
 
 
 def _empty(url: str) -> None:
