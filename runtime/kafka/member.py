@@ -159,6 +159,12 @@ class GroupMember:
             self.health.stop()
 
     @property
+    def assignment(self) -> frozenset[TopicPartitionKey]:
+        """The partitions this member holds now (its own record, kept by the
+        rebalance callbacks: safe to read from any thread)."""
+        return frozenset(self._assigned)
+
+    @property
     def consumer(self) -> Consumer:
         assert self._consumer is not None, "subscribe() first"
         return self._consumer
@@ -236,12 +242,16 @@ class GroupMember:
     # -- rebalance callbacks (librdkafka calls them from inside poll) ------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """1. the service sets up the partitions' state; 2. they take the member's
+        pause state, explicitly either way: librdkafka keeps a partition's pause
+        flag across a loss and re-assignment, so a partition lost while paused
+        would come back paused after the member resumed (while it held nothing)
+        and would never be fetched again."""
         keys = self._rebalanced("assign", partitions)
         self._handler.assigned(keys)
         self._assigned.update(keys)
         self.touch()
-        if self.paused:
-            consumer.pause(partitions)
+        (consumer.pause if self.paused else consumer.resume)(partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """1. the service makes the revoked partitions' work durable; 2. what is
