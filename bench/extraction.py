@@ -30,6 +30,7 @@ from bench.files_connector import wait_written
 from bench import section
 from bench.prompts import prompt_of_length, workload
 from extractor.completion import CompletionReceiver
+from extractor.connector.kafka_settings import write_kafka_settings
 from extractor.engine import Engine, EngineOptions, default_layer_ids, engine_args
 from extractor.model_config import text_config
 from hsx import models
@@ -38,7 +39,7 @@ from runtime.broker import dev_bootstrap
 from runtime.kafka import ensure_topics
 from runtime.settings import KafkaSettings
 from schemas import SourceRef
-from schemas.connector import ConnectorConfig, RequestParams
+from schemas.connector import ConnectorConfig, RequestParams, request_bytes_bound
 
 MODEL = "smollm2-135m-instruct"
 # Identical prompts would be served from the prefix cache on the second round.
@@ -123,7 +124,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
 
     path = models.prepare(names=[MODEL])[MODEL]
     tokenizer = AutoTokenizer.from_pretrained(path)
-    layers = default_layer_ids(text_config(str(path)).num_hidden_layers)
+    model_config = text_config(str(path))
+    layers = default_layer_ids(model_config.num_hidden_layers)
     prompts = workload(tokenizer, LONG[:1] if args.quick else LONG)
     lengths = LENGTHS[:2] if args.quick else LENGTHS
     rounds = 1 if args.quick else args.rounds
@@ -139,10 +141,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
         topic_settings = fresh_topic_settings("bench.", partitions=1)
         topic = topic_settings.blocks
         ensure_topics(kafka, topic_settings, [topic])
-        os.environ["HSX_KAFKA_BOOTSTRAP"] = bootstrap  # the connector reads it in vLLM's processes
         completions = CompletionReceiver(Path(tmp))
         completions.start()
-        connector = ConnectorConfig(completion_address=completions.address, blocks_topic=topic, model=MODEL)
+        connector = ConnectorConfig(
+            completion_address=completions.address, kafka_settings_file=write_kafka_settings(kafka, Path(tmp)),
+            blocks_topic=topic, model=MODEL,
+            max_request_bytes=request_bytes_bound(options.max_model_len, len(layers), model_config.hidden_size))
         storage = Path(tmp) / "files"
 
         def plain_args(async_scheduling: bool):  # type: ignore[no-untyped-def]

@@ -48,6 +48,7 @@ from bench.extraction import omp_threads
 from bench import section
 from bench.prompts import demo_token_ids
 from extractor.completion import CompletionReceiver
+from extractor.connector.kafka_settings import write_kafka_settings
 from extractor.engine import Engine, EngineOptions, default_layer_ids, engine_args
 from extractor.model_config import text_config
 from hsx import models
@@ -56,7 +57,7 @@ from runtime.broker import dev_bootstrap
 from runtime.kafka import ensure_topics
 from runtime.settings import KafkaSettings
 from schemas import Generation, SourceRef
-from schemas.connector import ConnectorConfig, RequestParams
+from schemas.connector import ConnectorConfig, RequestParams, request_bytes_bound
 
 MODEL = "smollm2-135m-instruct"
 SIDES = ["one_pass", "two_pass_cold", "two_pass_warm", "plain", "spec_only"]
@@ -165,7 +166,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
 
     path = models.prepare(names=[MODEL])[MODEL]
     tokenizer = AutoTokenizer.from_pretrained(path)
-    layers = default_layer_ids(text_config(str(path)).num_hidden_layers)
+    model_config = text_config(str(path))
+    layers = default_layer_ids(model_config.num_hidden_layers)
     count, max_tokens = (8, 16) if args.quick else (args.prompts, args.max_tokens)
     rounds = 1 if args.quick else args.rounds
     generation = Generation(max_tokens=max_tokens, ignore_eos=True)
@@ -180,10 +182,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
         kafka = KafkaSettings(bootstrap=bootstrap)
         topics = fresh_topic_settings("bench.", partitions=1)
         ensure_topics(kafka, topics, [topics.blocks])
-        os.environ["HSX_KAFKA_BOOTSTRAP"] = bootstrap  # the connector reads it in vLLM's processes
         completions = CompletionReceiver(Path(tmp))
         completions.start()
-        connector = ConnectorConfig(completion_address=completions.address, blocks_topic=topics.blocks, model=MODEL)
+        connector = ConnectorConfig(
+            completion_address=completions.address, kafka_settings_file=write_kafka_settings(kafka, Path(tmp)),
+            blocks_topic=topics.blocks, model=MODEL,
+            max_request_bytes=request_bytes_bound(options.max_model_len, len(layers), model_config.hidden_size))
 
         def without(speculative: bool) -> Any:
             a = engine_args(options, connector)

@@ -44,7 +44,7 @@ from hsx.dev.topics import fresh_topics
 from producer.publisher import Mapping, Publisher
 from producer.sources import read_jsonl
 from runtime.broker import dev_bootstrap
-from runtime.kafka import DeliveryTracker, make_producer
+from runtime.kafka import RecordProducer
 from runtime.settings import KafkaSettings
 
 MODEL = "smollm2-135m-instruct"
@@ -97,7 +97,7 @@ class Bench:
         self.work = work
         self.model_dir = model_dir
         self.tokenizer = tokenizer
-        self.publisher = Publisher(DeliveryTracker(make_producer(self.kafka)), self.topic_settings.topics(), Mapping())
+        self.publisher = Publisher(RecordProducer.connect(self.kafka, "producer"), self.topic_settings.topics(), Mapping())
         self.published = 0
         self.sunk = 0  # samples written by sinks that have exited
         self.sinks = 0

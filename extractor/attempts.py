@@ -38,7 +38,8 @@ class Attempts:
     async def extract(self, event: PromptEvent, prepared: PreparedPrompt, source: SourceRef) -> Rejection | None:
         """Run attempts until one is acknowledged; returns ``None`` on success or
         the rejection to dead-letter the prompt with. Raises when the engine is
-        dead: no later prompt could succeed either."""
+        dead, or :class:`ServiceFailed` when Kafka refused one of the attempt's
+        records: no later prompt could succeed either."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
         problem = self._engine.sampling_problem(event.generation)
@@ -82,6 +83,8 @@ class Attempts:
         future = self._completions.expect(attempt_id)
         await self._engine.prefill(tokens, params)
         report = await asyncio.wait_for(future, self._timeout)
+        if report.refused:  # fatal: no retry, no dead letter, nothing committed past the prompt
+            raise ServiceFailed(f"the connector could not send {event.request_id}: {report.error}")
         if not report.ok:
             return Rejection(ErrorClass.EXTRACTION_FAILED, f"{report.error}")
         self._stats.extracted(report)

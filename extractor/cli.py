@@ -21,7 +21,7 @@ from runtime.kafka.admin import add_connect_timeout, wait_for_cluster
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, from_args, overrides
 from runtime.logs import redact_secrets
 from schemas import Codec
-from schemas.connector import ConnectorConfig, WireDType
+from schemas.connector import ConnectorConfig, WireDType, request_bytes_bound
 
 _CONNECTOR = {name: field.default for name, field in ConnectorConfig.model_fields.items()}
 _SERVICE = ExtractorOptions()
@@ -114,7 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="attempts before dead-lettering (default %(default)s)")
     service.add_argument("--exit-when-idle", type=number(0), metavar="SECS", help="stop after SECS with nothing to do")
     service.add_argument("--stall-timeout", type=number(above=0), default=_SERVICE.stall_timeout, metavar="SECS",
-                         help="exit 1 when no prompt finished for SECS with prompts in flight (default %(default)s)")
+                         help="exit 1 when no prompt finished for SECS with prompts in flight; /healthz fails when "
+                              "prompts were pending for SECS without one fetched or finished (default %(default)s)")
     service.add_argument("--health-port", type=integer(0, 65535),
                          help="serve /healthz, /readyz, /metrics on this port (off if unset)")
     service.add_argument("--stats-file", type=Path, help="write the final statistics here as JSON")
@@ -158,15 +159,17 @@ def model_and_layers(args: argparse.Namespace) -> tuple[Any, list[int]]:
 def options_from_args(args: argparse.Namespace) -> tuple[EngineOptions, ConnectorConfig, ExtractorOptions]:
     config, layers = model_and_layers(args)
     engine = from_args(EngineOptions, args, layer_ids=layers, engine_args=dict(args.engine_arg))
-    # One request of max_model_len tokens must always fit the in-flight budget
-    # (4 bytes per element bounds every supported dtype).
-    largest = args.max_model_len * len(layers) * config.hidden_size * 4
+    # ConnectorConfig requires the budget to hold one request of max_model_len
+    # tokens; a smaller --max-inflight-bytes is raised to that.
+    largest = request_bytes_bound(args.max_model_len, len(layers), config.hidden_size)
     connector = from_args(
         ConnectorConfig, args,
         completion_address="ipc://set-by-the-extractor",
+        kafka_settings_file="set-by-the-extractor",
         blocks_topic=TopicSettings(**overrides(blocks=args.blocks_topic)).blocks,
         model=args.model_name or Path(args.model).name,
         max_inflight_bytes=max(args.max_inflight_bytes, largest),
+        max_request_bytes=largest,
     )
     service = from_args(ExtractorOptions, args, group_id=args.group)
     return engine, connector, service

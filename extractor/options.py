@@ -22,6 +22,9 @@ class ExtractorOptions:
     stall_timeout: float = 600.0
     """With prompts in flight and none finished for this long, the engine is taken
     to be stuck: the service stops (exit 1) so its orchestrator restarts it;
-    nothing unfinished was committed, so the restart reprocesses it."""
+    nothing unfinished was committed, so the restart reprocesses it. Beyond that,
+    /healthz fails once prompts were pending (in flight, or not yet fetched on an
+    assigned partition) this long with none fetched or finished (acknowledged by
+    Kafka or dead-lettered): a member that stopped fetching is restarted too."""
     health_port: int | None = None
     """Serve /healthz, /readyz and /metrics here (0: any free port; None: off)."""

@@ -21,13 +21,14 @@ from pydantic import ValidationError
 
 from extractor.attempts import Attempts
 from extractor.completion import CompletionReceiver
+from extractor.connector.kafka_settings import write_kafka_settings
 from extractor.engine import Engine, EngineOptions
 from extractor.model_config import text_config
 from extractor.options import ExtractorOptions
 from extractor.prompts import PromptPreparer, PromptRejected
 from extractor.stats import ExtractorStats
 from runtime.errors import ExitCode, Rejection, ServiceFailed
-from runtime.kafka import ensure_topics, make_producer
+from runtime.kafka import DeliveryFailed, RecordProducer, ensure_topics
 from runtime.kafka.dead_letters import DeadLetters
 from runtime.kafka.member import GroupMember
 from runtime.settings import KafkaSettings, TopicSettings
@@ -64,6 +65,7 @@ class Extractor:
                 "max.poll.interval.ms": max(600_000, int(options.completion_timeout * 2000)),
             },
             commit_interval=options.commit_interval, exit_when_idle=options.exit_when_idle,
+            stall_timeout=options.stall_timeout,
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_progress = time.monotonic()
@@ -74,20 +76,22 @@ class Extractor:
         Raises :class:`ServiceFailed` when it had to stop early."""
         self.member.handle_signals(self.stop)
         ensure_topics(self.kafka, self.topic_settings, [self.topics.prompts, self.topics.prompts_dlq, self.topics.blocks])
-        # The connector runs in vLLM's processes and reads Kafka settings from the
-        # environment it inherits (secrets stay out of vLLM's logged config).
-        os.environ["HSX_KAFKA_BOOTSTRAP"] = self.kafka.bootstrap
         self.member.serve_health(self.options.health_port, self._not_ready,
                                  lambda: f"{len(self._tasks)} prompts in flight")
         with tempfile.TemporaryDirectory(prefix="hsx-extractor-") as tmp:
             self._completions = CompletionReceiver(Path(tmp))
             self._completions.start()
-            connector = self.connector.model_copy(update={"completion_address": self._completions.address})
+            # The connector runs in vLLM's processes; its Kafka settings go in a private
+            # file, not in its config, which vLLM logs (secrets stay out of the log).
+            connector = self.connector.model_copy(update={
+                "completion_address": self._completions.address,
+                "kafka_settings_file": write_kafka_settings(self.kafka, Path(tmp)),
+            })
             self._engine = Engine(self.engine_options, connector)
             self._engine_ready = True
             try:
                 self._preparer = _preparer(self.engine_options)
-                self._dead_letters = DeadLetters(make_producer(self.kafka), "extractor", on_lost=self._fail)
+                self._dead_letters = DeadLetters(RecordProducer.connect(self.kafka, "extractor", self._fail), "extractor")
                 self._attempts = Attempts(self._engine, self._completions, self.stats,
                                           self.options.max_attempts, self.options.completion_timeout)
                 self.member.subscribe()
@@ -141,7 +145,10 @@ class Extractor:
         self.member.pause(True)
         if self._tasks and self.member.fatal is None:  # after a fatal error they would never finish
             await asyncio.wait(list(self._tasks), timeout=self.options.drain_timeout)
-        self._dead_letters.producer.flush(30)
+        try:
+            self._dead_letters.producer.flush(30)
+        except DeliveryFailed as exc:  # their records stay uncommitted; a restart re-rejects them
+            self._fail(exc)
         self.member.commit()
 
     def _close(self) -> None:

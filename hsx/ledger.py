@@ -7,9 +7,9 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import Consumer
 
-from runtime.kafka import consumer_config
+from runtime.kafka import ConsumerErrors, consumer_config
 from runtime.settings import KafkaSettings
 from schemas import DlqHeaders, ErrorClass, HiddenStatesReady, Topics
 
@@ -65,15 +65,15 @@ class LedgerFeed:
         self._consumer = Consumer(consumer_config(kafka, f"hsx-run-ledger-{uuid.uuid4().hex}",
                                                   **{"session.timeout.ms": 6000}))
         self._consumer.subscribe([topics.ready, topics.prompts_dlq, topics.blocks_dlq])
+        self._errors = ConsumerErrors("hsx-run")
 
     def poll(self, timeout: float) -> None:
         """Read what has arrived within ``timeout`` seconds."""
         for message in self._consumer.consume(num_messages=1000, timeout=timeout):
             error = message.error()
             if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise KafkaException(error)
+                self._errors.check(error)  # raises KafkaFatal; transient ones are counted
+                continue
             if message.topic() == self._topics.ready:
                 self.ledger.record_ready(HiddenStatesReady.model_validate_json(message.value()))
             elif message.key():  # the producer's invalid lines have no request id: counted at publishing

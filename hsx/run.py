@@ -41,7 +41,7 @@ from producer.sources import SourceLine
 from runtime.broker import EmbeddedBroker
 from runtime.checks import bounded, model_dir, outside, writable_dir
 from runtime.errors import ExitCode
-from runtime.kafka import DeliveryTracker, ensure_topics, make_producer
+from runtime.kafka import RecordProducer, ensure_topics
 from runtime.kafka.admin import ONE_SHOT_CONNECT_TIMEOUT, add_connect_timeout
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings
 from schemas import Topics
@@ -228,7 +228,7 @@ def _topics(partitions: int) -> TopicSettings:
 
 def _publish(kafka: KafkaSettings, topics: Topics, plan: RunPlan, existing: set[str],
              sent: Callable[[str], None]) -> PublishSummary:
-    publisher = Publisher(DeliveryTracker(make_producer(kafka)), topics, plan.mapping,
+    publisher = Publisher(RecordProducer.connect(kafka, "producer"), topics, plan.mapping,
                           PromptLimitSettings().limits(), plan.on_invalid)
     summary = publisher.publish(plan.lines, skip_ids=existing, on_sent=lambda event: sent(event.request_id))
     print(f"hsx run: {summary.describe()}", file=sys.stderr)

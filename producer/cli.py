@@ -20,7 +20,7 @@ from producer.publisher import InvalidLine, InvalidPolicy, Mapping, Publisher, P
 from producer.sources import DatasetFormat
 from runtime.checks import enum_value, integer
 from runtime.errors import ExitCode, UsageError
-from runtime.kafka import DeliveryTracker, ensure_topics, make_producer
+from runtime.kafka import RecordProducer, ensure_topics
 from runtime.kafka.admin import ONE_SHOT_CONNECT_TIMEOUT, add_connect_timeout
 from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
 from runtime.logs import redact_secrets
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     topics = topic_settings.topics()
     prompts = input_from_args(args)  # checks the input before the broker is asked for anything
     ensure_topics(kafka, topic_settings, [topics.prompts, topics.prompts_dlq], timeout=args.connect_timeout)
-    publisher = Publisher(DeliveryTracker(make_producer(kafka)), topics, prompts.mapping,
+    publisher = Publisher(RecordProducer.connect(kafka, "producer"), topics, prompts.mapping,
                           PromptLimitSettings().limits(), prompts.on_invalid)
     try:
         with _progress(args.no_progress) as bar:

@@ -12,7 +12,7 @@ import orjson
 from pydantic import ValidationError
 
 from producer.sources import DatasetFormat, MappingError, SourceLine, to_event_dict
-from runtime.kafka import DeliveryTracker
+from runtime.kafka import RecordProducer
 from runtime.kafka.dead_letters import DeadLetters
 from runtime.errors import Rejection
 from schemas import DEFAULT_LIMITS, ErrorClass, Generation, PromptEvent, PromptLimits, Topics, format_validation_error
@@ -97,14 +97,14 @@ class Publisher:
 
     def __init__(
         self,
-        tracker: DeliveryTracker,
+        producer: RecordProducer,
         topics: Topics,
         mapping: Mapping = Mapping(),
         limits: PromptLimits = DEFAULT_LIMITS,
         on_invalid: InvalidPolicy = InvalidPolicy.SKIP,
     ) -> None:
-        self.tracker = tracker
-        self.dead_letters = DeadLetters(tracker.producer, "producer")
+        self.producer = producer
+        self.dead_letters = DeadLetters(producer, "producer")
         self.topics = topics
         self.mapping = mapping
         self.limits = limits
@@ -123,8 +123,8 @@ class Publisher:
         request id is in ``skip_ids`` (already done, say) are counted as skipped
         and not sent; ``on_sent(event)`` is called for each event queued.
         Raises :class:`InvalidLine` under the ``fail`` policy,
-        ``DeliveryFailed`` when Kafka rejected an event and ``ServiceFailed``
-        when it rejected a dead letter."""
+        ``DeliveryFailed`` when Kafka refused an event or a dead letter (the
+        first refusal; :attr:`refused` counts them all)."""
         summary = PublishSummary()
         start = time.monotonic()
         try:
@@ -135,9 +135,8 @@ class Publisher:
                 if on_line is not None:
                     on_line(summary)
         finally:
-            self.tracker.flush()
+            self.producer.flush()
             summary.seconds = time.monotonic() - start
-        self.dead_letters.check()
         return summary
 
     def _publish_line(self, line: SourceLine, summary: PublishSummary, skip_ids: Set[str]) -> PromptEvent | None:
@@ -157,7 +156,7 @@ class Publisher:
             summary.skipped += 1
             return None
         value = event.model_dump_json(exclude_none=True).encode()
-        self.tracker.produce(self.topics.prompts, value, key=event.request_id.encode())
+        self.producer.produce(self.topics.prompts, value, key=event.request_id.encode())
         summary.sent += 1
         summary.bytes_sent += len(value)
         return event

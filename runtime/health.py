@@ -1,5 +1,6 @@
 """The operations endpoint every service serves: ``/healthz`` (the process is
-alive), ``/readyz`` (it can do its job) and ``/metrics`` (Prometheus text format,
+alive and not stuck: see :meth:`runtime.kafka.member.GroupMember` for what
+"stuck" means), ``/readyz`` (it can do its job) and ``/metrics`` (Prometheus text format,
 rendered by prometheus_client)."""
 
 from __future__ import annotations
@@ -14,23 +15,24 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 log = logging.getLogger(__name__)
 
-ReadyCheck = Callable[[], tuple[bool, str]]
-"""Returns (ready, a short reason shown to the prober)."""
+Check = Callable[[], tuple[bool, str]]
+"""Returns (passing, a short reason shown to the prober)."""
+
+
+def _alive() -> tuple[bool, str]:
+    return True, "ok"
 
 
 class HealthServer:
     """A small HTTP server on a daemon thread; ``port=0`` picks a free port."""
 
-    def __init__(self, port: int, ready: ReadyCheck, host: str = "0.0.0.0") -> None:
-        check = ready
+    def __init__(self, port: int, ready: Check, live: Check = _alive, host: str = "0.0.0.0") -> None:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 path = self.path.split("?", 1)[0]
-                if path == "/healthz":
-                    self._reply(200, b"ok\n", "text/plain")
-                elif path == "/readyz":
-                    ok, reason = check()
+                if path in ("/healthz", "/readyz"):
+                    ok, reason = (live if path == "/healthz" else ready)()
                     self._reply(200 if ok else 503, f"{reason}\n".encode(), "text/plain")
                 elif path == "/metrics":
                     self._reply(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, JsonValue
+from pydantic import Field, JsonValue, model_validator
 
 from schemas.blocks import AttemptId, Codec, SourceRef
 from schemas.common import Capture, NonNegativeInt, PositiveInt, RequestId, StrictModel
@@ -44,13 +44,22 @@ class RequestParams(StrictModel):
     regeneration); they are part of the prompt tokens and of the loss mask."""
 
 
+def request_bytes_bound(max_model_len: int, num_layers: int, hidden_size: int) -> int:
+    """Raw bytes of the largest request an engine can finish: ``max_model_len``
+    tokens of every hidden-state layer, at 4 bytes per element (which bounds every
+    model dtype vLLM runs)."""
+    return max_model_len * num_layers * hidden_size * 4
+
+
 class ConnectorConfig(StrictModel):
-    """Connector settings chosen by the extractor. Kafka connection and security
-    settings are *not* here: vLLM logs its configuration, so the connector reads
-    them from the ``HSX_KAFKA_*`` environment it inherits."""
+    """Connector settings chosen by the extractor."""
 
     completion_address: str
     """ZeroMQ address the extractor binds (``ipc://...``) and the connector pushes to."""
+    kafka_settings_file: str
+    """Path of a file (mode 0600, in the extractor's private temp directory) holding
+    the extractor's Kafka settings as JSON, secrets included. Only the path is
+    here because vLLM logs this configuration (``kv_connector_extra_config``)."""
     blocks_topic: str
     model: str
     """Model name recorded in every manifest."""
@@ -63,6 +72,19 @@ class ConnectorConfig(StrictModel):
     max_inflight_bytes: Annotated[int, Field(ge=1 << 20)] = 512 << 20
     """Raw hidden-state bytes gathered but not yet acknowledged by Kafka; requests
     beyond it wait in vLLM's cache (their blocks stay pinned)."""
+    max_request_bytes: PositiveInt
+    """Raw bytes of the largest request the engine can finish
+    (:func:`request_bytes_bound` of its ``max_model_len``). ``max_inflight_bytes``
+    must hold it: the budget, and the producer's queue sized from it, are planned
+    so that any request fits."""
+
+    @model_validator(mode="after")
+    def _largest_request_fits(self) -> ConnectorConfig:
+        if self.max_inflight_bytes < self.max_request_bytes:
+            raise ValueError(
+                f"max_inflight_bytes {self.max_inflight_bytes} cannot hold one request of max_model_len tokens "
+                f"({self.max_request_bytes} raw bytes): raise it to at least that, or lower max_model_len")
+        return self
 
 
 class CompletionReport(StrictModel):
@@ -72,6 +94,9 @@ class CompletionReport(StrictModel):
     attempt_id: AttemptId
     ok: bool
     error: str | None = None
+    refused: bool = False
+    """Kafka refused a record (its delivery report carried an error); the
+    extractor must stop (exit 1) rather than retry."""
     num_tokens: NonNegativeInt = 0
     raw_bytes: NonNegativeInt = 0
     compressed_bytes: NonNegativeInt = 0

@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="SECS",
                         help="reject blocks whose manifest has not come after SECS (default %(default)s)")
     parser.add_argument("--session-timeout-ms", type=integer(1), default=_DEFAULTS.session_timeout_ms)
+    parser.add_argument("--stall-timeout", type=number(above=0), default=_DEFAULTS.stall_timeout, metavar="SECS",
+                        help="fail /healthz when records were pending for SECS without one fetched or finished "
+                             "(default %(default)s)")
     parser.add_argument("--dataset-codec", choices=[c.value for c in DatasetCodec],
                         default=_DEFAULTS.dataset_codec.value,
                         help="how shards store hidden states: raw (any safetensors reader loads them), "

@@ -25,6 +25,12 @@ class SinkOptions:
     """Bytes held in memory (blocks awaiting manifests + open shards); partitions
     pause above it."""
     incomplete_timeout: float = 600.0
+    stall_timeout: float = 600.0
+    """/healthz fails once records were pending (fetched and not done, or not
+    yet fetched on an assigned partition) for this long with no record fetched or
+    finished: the orchestrator restarts the sink. Progress is a record fetched or
+    a record done (its sample's shard written and its ready event acknowledged, a
+    duplicate dropped, a dead letter acknowledged)."""
     session_timeout_ms: int = 10_000
     commit_interval: float = 1.0
     exit_when_idle: float | None = None

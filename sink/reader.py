@@ -29,7 +29,7 @@ from typing import Any
 
 from confluent_kafka import Consumer
 
-from runtime.kafka import consumer_config
+from runtime.kafka import ConsumerErrors, consumer_config
 from runtime.recent import RecentKeys
 from runtime.settings import KafkaSettings
 from schemas import HiddenStatesReady
@@ -188,11 +188,15 @@ def follow(
     shards = ShardHandles(open_storage(dataset, create=True))  # a local one created if the sink has not yet
     seen = RecentKeys(dedupe_window)
     last = time.monotonic()
+    errors = ConsumerErrors("follow")
     try:
         # Joining the group takes seconds: allow a minute more before the first assignment.
         while idle_timeout is None or time.monotonic() - last < idle_timeout + (0 if assigned else 60):
             message = consumer.poll(0.5)
-            if message is None or message.error() is not None:
+            if message is None:
+                continue
+            if message.error() is not None:
+                errors.check(message.error())  # raises KafkaFatal; transient ones are counted
                 continue
             last = time.monotonic()
             event = HiddenStatesReady.model_validate_json(message.value())

@@ -17,7 +17,7 @@ from pathlib import Path
 from confluent_kafka import Message, Producer
 
 from runtime.errors import Rejection, ServiceFailed
-from runtime.kafka import ensure_topics, make_producer
+from runtime.kafka import DeliveryFailed, RecordProducer, ensure_topics
 from runtime.kafka.config import MAX_MESSAGE_BYTES
 from runtime.kafka.dead_letters import DeadLetters
 from runtime.kafka.member import GroupMember
@@ -60,6 +60,7 @@ class Sink:
             consumer_overrides={"session.timeout.ms": options.session_timeout_ms,
                                 "queued.max.messages.kbytes": prefetch // 1024, "fetch.max.bytes": prefetch},
             commit_interval=options.commit_interval, exit_when_idle=options.exit_when_idle,
+            stall_timeout=options.stall_timeout,
         )
         self._partitions: dict[TopicPartitionKey, PartitionState] = {}
         self._recorded_partitions = 0
@@ -72,22 +73,23 @@ class Sink:
         release_large_buffers_to_the_os()
         self.member.handle_signals(self.stop)
         ensure_topics(self.kafka, self.topic_settings, [self.topics.blocks, self.topics.blocks_dlq, self.topics.ready])
-        producer = make_producer(self.kafka)
-        self._check_partition_count(producer)
+        producer = RecordProducer.connect(self.kafka, "sink", on_refused=self.member.fail)
+        self._check_partition_count(producer.client)
         self.member.serve_health(self.options.health_port, lambda: None, lambda: f"{len(self._partitions)} partitions")
-        self._dead_letters = DeadLetters(producer, "sink", on_lost=self.member.fail)
+        self._dead_letters = DeadLetters(producer, "sink")
         self._ready = ReadyPublisher(self.kafka, producer, self.topics.ready, self.member.marks,
                                      self.options.group_id if self.options.exactly_once else None)
         self.member.subscribe(commit=self._ready.commit)
         self._ready.bind(self.member.consumer)
         try:
             self._loop()
-            self._flush_all()
-            self._republish_duplicates()
+            if self.member.fatal is None:  # after a failure, a restart redoes the rest
+                self._flush_all()
+                self._republish_duplicates()
             self.member.commit()
         finally:
             self.member.close()
-            producer.flush(30)
+            producer.client.flush(30)
         self.member.raise_if_failed()
         log.info("sink finished: %s", self.stats.describe())
         return self.stats
@@ -229,7 +231,14 @@ class Sink:
         log.info("wrote %s (%d samples)", shard.stem, len(events))
 
     def _publish(self, state: PartitionState, events: list[HiddenStatesReady], offsets: list[int]) -> None:
-        self._ready.publish(events, lambda: self._done(state, offsets))
+        """Announce stored samples; their records are done once Kafka has every
+        event. Undelivered events are fatal: the sink stops and commits nothing
+        more; its restart finds the samples stored and announces them again."""
+        try:
+            self._ready.publish(events, lambda: self._done(state, offsets))
+        except DeliveryFailed as exc:
+            self.member.fail(exc)
+            return
         self.stats.add("ready_events", len(events))
 
     def _republish_duplicates(self) -> None:

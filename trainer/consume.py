@@ -13,7 +13,7 @@ import torch
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from pydantic import ValidationError
 
-from runtime.kafka import consumer_config
+from runtime.kafka import ConsumerErrors, consumer_config
 from runtime.recent import RecentKeys
 from runtime.settings import KafkaSettings
 from schemas import HiddenStatesReady, format_validation_error
@@ -135,6 +135,7 @@ def _loop(consumer: Consumer, opts: ConsumeOptions, shards: ShardHandles, starts
     buffer: list[_Pending] = []
     layout: LayerLayout | None = None
     last_record = time.monotonic()
+    errors = ConsumerErrors("trainer")
     read = dict(origin)
     while True:
         if opts.until_end and _caught_up(consumer, opts.topic, read):
@@ -145,9 +146,8 @@ def _loop(consumer: Consumer, opts: ConsumeOptions, shards: ShardHandles, starts
                 break
             continue
         if message.error() is not None:
-            if message.error().fatal():
-                raise ConnectionError(f"Kafka: {message.error().str()}")
-            continue  # librdkafka retries transient errors itself
+            errors.check(message.error())  # raises KafkaFatal; transient ones are counted (librdkafka retries)
+            continue
         last_record = time.monotonic()
         p, offset = message.partition(), message.offset()
         read[p] = offset + 1

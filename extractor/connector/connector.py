@@ -16,7 +16,9 @@ vLLM creates one instance per role, in different processes:
 
 Loaded by vLLM through ``kv_transfer_config={"kv_connector": "HsxConnector",
 "kv_connector_module_path": "extractor.connector", "kv_role": "kv_producer",
-"kv_connector_extra_config": {"hsx": ConnectorConfig(...)}}``.
+"kv_connector_extra_config": {"hsx": ConnectorConfig(...)}}``. The Kafka settings
+come from the file the config names (:mod:`extractor.connector.kafka_settings`),
+never from the environment the engine processes inherit.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from extractor.completion import CompletionSender
 from extractor.connector.gather import CudaGatherer, Gathered, gather_cpu
+from extractor.connector.kafka_settings import read_kafka_settings
 from extractor.connector.metadata import GeneratedTail, HsxConnectorMetadata, SendJob
 from extractor.connector.sender import BlockSender
-from runtime.settings import KafkaSettings
 from schemas.connector import DISCARD_KEY, EXTRA_CONFIG_KEY, PARAMS_KEY, ConnectorConfig
 
 if TYPE_CHECKING:
@@ -148,9 +150,8 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         self._cache = cache
         self._cuda = CudaGatherer(cache) if cache.is_cuda else None
         if self._is_sending_rank():
-            self._sender = BlockSender(
-                self._config, KafkaSettings(), self._layer_ids, CompletionSender(self._config.completion_address)
-            )
+            self._sender = BlockSender(self._config, read_kafka_settings(self._config.kafka_settings_file),
+                                       self._layer_ids, CompletionSender(self._config.completion_address))
 
     def _is_sending_rank(self) -> bool:
         """Only tensor-parallel rank 0 produces: every rank holds the same hidden states."""

@@ -3,26 +3,42 @@ into blocks of whole tokens, compress them on a thread pool, produce block recor
 in order and then the manifest, and declare the request finished only when Kafka
 acknowledged every record.
 
-Threads: vLLM's worker thread submits; the compression pool encodes and produces
-(``Producer.produce`` is thread-safe); one poller thread serves delivery callbacks,
-which complete transfers. Nothing here blocks vLLM's worker thread.
+Threads:
+
+* vLLM's worker thread submits transfers and takes the finished ones;
+* the compression pool encodes blocks and produces those next in order (a block
+  encoded before ``submit`` attached its callback is produced from the worker
+  thread, which is fine: producing never waits);
+* one poller thread serves delivery reports, which complete transfers, and
+  retries stalled transfers.
+
+Each transfer's state is guarded by its own lock, taken by all three; the
+sender's lock (budget, finished and stalled transfers) is only ever taken inside
+a transfer's lock or alone, never the other way round. Nothing blocks or sleeps
+while holding a lock: when librdkafka's local queue is full a transfer is left
+*stalled* (its next record not queued) and the poller, which frees room by
+serving delivery reports, produces it again after each poll. Nothing here
+blocks vLLM's worker thread.
+
+Failures: a transfer whose block cannot be encoded, or whose manifest fails its
+own checks, is reported failed (the extractor retries it). A record Kafka
+*refuses* (its delivery report carries an error) is fatal: the report says
+``refused`` and the extractor stops instead of retrying.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
-from confluent_kafka import KafkaError, Message
 
 from extractor.completion import CompletionSender
 from extractor.connector.gather import Gathered
 from extractor.connector.metadata import SendJob, answer_fields
-from runtime.kafka import make_producer
+from runtime.kafka import DeliveryFailed, RecordProducer
 from runtime.settings import KafkaSettings
 from runtime.tensors import WIRE_DTYPES
 from schemas import BlockRecordHeaders, BlockRef, Manifest, RecordKind
@@ -33,7 +49,7 @@ from schemas.connector import CompletionReport, ConnectorConfig, RequestParams
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(eq=False)  # compared (and hashed) by identity: a member of the stalled set
 class _Transfer:
     """State of one request attempt in flight."""
 
@@ -46,11 +62,15 @@ class _Transfer:
     encoding: int = 0
     """Blocks still on the compression pool."""
     next_to_produce: int = 0
+    manifest: bytes | None = None
+    """The manifest record, once built (kept while the queue is full)."""
     unacked: int = 0
     manifest_sent: bool = False
     completed: bool = False
     compressed_bytes: int = 0
     error: str | None = None
+    refused: bool = False
+    """Kafka refused one of its records: fatal for the extractor, not retried."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -68,15 +88,18 @@ class BlockSender:
         self._config = config
         self._layer_ids = layer_ids
         self._completions = completions
-        self._producer = make_producer(
-            kafka,
-            # Room for every byte we allow in flight, so produce() never finds the
-            # local queue full under the budget.
+        self._producer = RecordProducer.connect(
+            kafka, "connector",
+            # Room for every byte the budget allows in flight, so the local queue
+            # is seldom full (then transfers stall until the poller frees room).
             **{"queue.buffering.max.kbytes": min(2**31 - 1, 2 * config.max_inflight_bytes // 1024)},
         )
         self._pool = ThreadPoolExecutor(config.compress_threads, thread_name_prefix="hsx-encode")
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
         self._finished: set[str] = set()
+        self._stalled: dict[_Transfer, None] = {}
+        """Transfers whose next record found the queue full, oldest first."""
         self._inflight_bytes = 0
         self._inflight = 0
         self._closing = threading.Event()
@@ -165,30 +188,39 @@ class BlockSender:
             self._produce_ready(transfer)
 
     def _produce_ready(self, transfer: _Transfer) -> None:
-        """Produce every block that is encoded and next in order, then the manifest.
-        Called with ``transfer.lock`` held."""
+        """Produce every block that is encoded and next in order, then the manifest;
+        complete the transfer if that was all. Called with ``transfer.lock`` held."""
         if transfer.error is None:
             try:
-                while transfer.next_to_produce < len(transfer.ranges):
-                    value = transfer.encoded[transfer.next_to_produce]
-                    if value is None:
-                        return
-                    self._produce_block(transfer, transfer.next_to_produce, value)
-                    transfer.next_to_produce += 1
-                if not transfer.manifest_sent:
-                    self._produce_manifest(transfer)
+                self._produce_in_order(transfer)
             except Exception as exc:  # noqa: BLE001 - e.g. a manifest that fails its own checks
                 transfer.error = f"{type(exc).__name__}: {exc}"
         self._maybe_complete(transfer)
 
-    def _produce_block(self, transfer: _Transfer, index: int, value: bytes) -> None:
-        headers = BlockRecordHeaders(
-            kind=RecordKind.BLOCK, attempt_id=transfer.params.attempt_id, block_index=index, codec=self._config.codec
-        )
-        self._produce(transfer, value, headers)
-        transfer.compressed_bytes += len(value)
+    def _produce_in_order(self, transfer: _Transfer) -> None:
+        """Queue records until the next block is not encoded yet, the local queue
+        is full (the transfer stalls), or the manifest is queued."""
+        while transfer.next_to_produce < len(transfer.ranges):
+            index = transfer.next_to_produce
+            value = transfer.encoded[index]
+            if value is None:
+                return
+            headers = BlockRecordHeaders(kind=RecordKind.BLOCK, attempt_id=transfer.params.attempt_id,
+                                         block_index=index, codec=self._config.codec)
+            if not self._produce(transfer, value, headers):
+                return
+            transfer.compressed_bytes += len(value)
+            transfer.next_to_produce += 1
+        if not transfer.manifest_sent:
+            if transfer.manifest is None:
+                transfer.manifest = self._manifest(transfer)
+            headers = BlockRecordHeaders(kind=RecordKind.MANIFEST, attempt_id=transfer.params.attempt_id)
+            if not self._produce(transfer, transfer.manifest, headers):
+                return
+            transfer.manifest_sent = True
+            transfer.encoded, transfer.manifest = [], None  # the bytes now live in the producer's queue
 
-    def _produce_manifest(self, transfer: _Transfer) -> None:
+    def _manifest(self, transfer: _Transfer) -> bytes:
         params = transfer.params
         tensor = transfer.gathered.tensor
         blocks = []
@@ -221,40 +253,54 @@ class BlockSender:
             source=params.source,
         )
         # Unquantized manifests leave the field out, as before it existed (older sinks forbid unknown fields).
-        value = manifest.model_dump_json(exclude=None if manifest.quantization else {"quantization"}).encode()
-        self._produce(transfer, value, BlockRecordHeaders(
-            kind=RecordKind.MANIFEST, attempt_id=params.attempt_id))
-        transfer.manifest_sent = True
-        transfer.encoded = []  # the bytes now live in the producer's queue
+        return manifest.model_dump_json(exclude=None if manifest.quantization else {"quantization"}).encode()
 
-    def _produce(self, transfer: _Transfer, value: bytes, headers: BlockRecordHeaders) -> None:
-        key = transfer.params.request_id.encode()
-        while True:
-            try:
-                self._producer.produce(
-                    self._config.blocks_topic,
-                    value=value,
-                    key=key,
-                    headers=headers.to_kafka(),
-                    on_delivery=lambda err, msg, t=transfer: self._delivered(t, err, msg),
-                )
-                transfer.unacked += 1
-                return
-            except BufferError:
-                # Local queue full (only above the budget): the poller frees room.
-                time.sleep(0.01)
+    def _produce(self, transfer: _Transfer, value: bytes, headers: BlockRecordHeaders) -> bool:
+        """Queue one record of ``transfer``; ``False`` (nothing queued, the
+        transfer stalled) when librdkafka's local queue is full. Called with
+        ``transfer.lock`` held, which the delivery reports need: never waits."""
+        queued = self._producer.produce(
+            self._config.blocks_topic, value, transfer.params.request_id.encode(), headers.to_kafka(),
+            on_acked=lambda t=transfer: self._acked(t),
+            wait_for_room=False,
+            on_refused_record=lambda refusal, t=transfer: self._refused(t, refusal),
+        )
+        if queued:
+            transfer.unacked += 1
+        else:
+            with self._lock:
+                self._stalled[transfer] = None
+        return queued
 
     # -- Kafka poller thread ------------------------------------------------------------
 
     def _poll(self) -> None:
         while not self._closing.is_set():
             self._producer.poll(0.1)
+            self._retry_stalled()
 
-    def _delivered(self, transfer: _Transfer, err: KafkaError | None, msg: Message) -> None:
+    def _retry_stalled(self) -> None:
+        """Produce again for the transfers that found the queue full (the poll just
+        served delivery reports, which made room); those still finding it full
+        stall again."""
+        with self._lock:
+            stalled, self._stalled = self._stalled, {}
+        for transfer in stalled:
+            with transfer.lock:
+                self._produce_ready(transfer)
+
+    def _acked(self, transfer: _Transfer) -> None:
         with transfer.lock:
             transfer.unacked -= 1
-            if err is not None and transfer.error is None:
-                transfer.error = f"Kafka rejected a record of {transfer.params.request_id}: {err.str()}"
+            self._maybe_complete(transfer)
+
+    def _refused(self, transfer: _Transfer, refusal: DeliveryFailed) -> None:
+        with transfer.lock:
+            transfer.unacked -= 1
+            if not transfer.refused:
+                transfer.refused = True
+                # No further record of this attempt is produced: its manifest never goes out.
+                transfer.error = f"{transfer.error}; then {refusal}" if transfer.error else str(refusal)
             self._maybe_complete(transfer)
 
     def _maybe_complete(self, transfer: _Transfer) -> None:
@@ -268,6 +314,7 @@ class BlockSender:
             attempt_id=transfer.params.attempt_id,
             ok=transfer.error is None,
             error=transfer.error,
+            refused=transfer.refused,
             num_tokens=transfer.gathered.tensor.shape[0],
             raw_bytes=transfer.raw_bytes,
             compressed_bytes=transfer.compressed_bytes,
@@ -281,11 +328,16 @@ class BlockSender:
             self._inflight -= 1
             self._inflight_bytes -= transfer.raw_bytes
             self._finished.add(transfer.job.engine_request_id)
+            self._stalled.pop(transfer, None)
+            self._idle.notify_all()
 
     def close(self, timeout: float = 30.0) -> None:
-        """Wait for outstanding records (up to ``timeout``), then stop threads."""
+        """Wait up to ``timeout`` for the transfers in flight to end, then stop threads."""
         self._pool.shutdown(wait=True)
-        self._producer.flush(timeout)
+        with self._idle:
+            if not self._idle.wait_for(lambda: self._inflight == 0, timeout):
+                log.warning("closing with %d transfer(s) unfinished after %.0fs: their attempts are not reported",
+                            self._inflight, timeout)
         self._closing.set()
         self._poller.join(timeout=5)
         self._completions.close()

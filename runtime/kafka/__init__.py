@@ -1,15 +1,18 @@
-"""The thin Kafka layer: client configuration, topic administration, and a
-producer wrapper that never loses a delivery error."""
+"""The thin Kafka layer: client configuration, topic administration, the one
+producer wrapper (every record accounted for by its delivery report) and the
+one consumer error policy."""
 
 from runtime.kafka.admin import ensure_topics
 from runtime.kafka.config import client_config, consumer_config, producer_config
-from runtime.kafka.errors import DeliveryFailed, KafkaUnavailable
-from runtime.kafka.producer import DeliveryTracker, make_producer
+from runtime.kafka.errors import ConsumerErrors, DeliveryFailed, KafkaFatal, KafkaUnavailable
+from runtime.kafka.producer import RecordProducer, make_producer
 
 __all__ = [
+    "ConsumerErrors",
     "DeliveryFailed",
-    "DeliveryTracker",
+    "KafkaFatal",
     "KafkaUnavailable",
+    "RecordProducer",
     "client_config",
     "consumer_config",
     "ensure_topics",

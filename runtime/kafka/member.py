@@ -21,12 +21,13 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from runtime.errors import ServiceFailed
 from runtime.health import HealthServer
-from runtime.kafka.commits import commit_watermarks, partition_lag
+from runtime.kafka.commits import commit_watermarks, remaining_lag, partition_lag
 from runtime.kafka.config import consumer_config
+from runtime.kafka.errors import ConsumerErrors, KafkaFatal
 from runtime.kafka.watermarks import TopicPartitionKey, Watermarks
 from runtime.metrics import member_metrics
 from runtime.settings import KafkaSettings
@@ -80,6 +81,7 @@ class GroupMember:
         consumer_overrides: dict[str, Any] | None = None,
         commit_interval: float = 1.0,
         exit_when_idle: float | None = None,
+        stall_timeout: float = 600.0,
     ) -> None:
         self.marks = Watermarks()
         self.stopping = False
@@ -93,11 +95,15 @@ class GroupMember:
         self._overrides = consumer_overrides or {}
         self._commit_interval = commit_interval
         self._exit_when_idle = exit_when_idle
+        self._stall_timeout = stall_timeout
         self._metrics = member_metrics(service)
+        self._errors = ConsumerErrors(service)
         self._consumer: Consumer | None = None
         self._assigned: set[TopicPartitionKey] = set()
         self._commit: Commit = self._commit_watermarks
-        self._last_commit = self._last_activity = time.monotonic()
+        self._last_commit = self._last_activity = self._last_progress = self._lag_checked = time.monotonic()
+        self._lag = 0
+        self._pending = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -120,7 +126,7 @@ class GroupMember:
                 reason = self._not_ready()
             return (False, reason) if reason else (True, f"ready: {status()}")
 
-        self.health = HealthServer(port, readiness).start()
+        self.health = HealthServer(port, readiness, self._liveness).start()
 
     def subscribe(self, commit: Commit | None = None) -> None:
         """Create the consumer and join the group. ``commit`` replaces the plain
@@ -173,13 +179,16 @@ class GroupMember:
 
     def poll(self, max_messages: int, timeout: float) -> list[Message]:
         """Fetch up to ``max_messages`` records of assigned partitions and track
-        their offsets; consumer errors are logged, never returned."""
+        their offsets. Consumer errors follow :class:`ConsumerErrors`: transient
+        ones are counted, a fatal one fails the member (the service stops)."""
         records = []
         for message in self.consumer.consume(num_messages=max_messages, timeout=timeout):
             error = message.error()
             if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    log.warning("consumer error: %s", error)
+                try:
+                    self._errors.check(error)
+                except KafkaFatal as exc:
+                    self.fail(exc)
                 continue
             key = (message.topic(), message.partition())
             if key not in self._assigned:
@@ -188,11 +197,13 @@ class GroupMember:
             records.append(message)
         if records:
             self.touch()
+            self._last_progress = time.monotonic()
         return records
 
     def done(self, tp: TopicPartitionKey, offset: int) -> None:
         """Everything the record at ``offset`` caused is durable: it may be committed."""
         self.marks.done(tp, offset)
+        self._last_progress = time.monotonic()
 
     def touch(self) -> None:
         """Something happened: the idle clock starts again."""
@@ -207,6 +218,7 @@ class GroupMember:
             for (topic, partition), lag in partition_lag(self.consumer).items():
                 self._metrics.lag.labels(topic, str(partition)).set(lag)
             self._last_commit = now
+        self._watch_progress(now)
         idle = self._exit_when_idle
         if busy:
             self._last_activity = now
@@ -227,6 +239,33 @@ class GroupMember:
 
     def _commit_watermarks(self, only: set[TopicPartitionKey] | None) -> None:
         commit_watermarks(self.consumer, self.marks, only)
+
+    def _watch_progress(self, now: float) -> None:
+        """Whether work is pending: records fetched and not done, or (asked of the
+        broker every few seconds while nothing is in flight, so a member that
+        stopped fetching is seen too) records not yet fetched on assigned partitions.
+        While nothing is pending the stall clock does not run."""
+        in_flight = self.marks.in_flight()
+        if in_flight == 0 and now - self._lag_checked >= max(5.0, self._commit_interval):
+            self._lag_checked = now
+            lag = remaining_lag(self.consumer, sorted(self._assigned)) if self._assigned else 0
+            if lag is not None:
+                self._lag = lag
+        self._pending = in_flight > 0 or (self._lag > 0 and bool(self._assigned))
+        if not self._pending:
+            self._last_progress = now
+        self._metrics.seconds_since_progress.set(now - self._last_progress)
+
+    def _liveness(self) -> tuple[bool, str]:
+        """/healthz: failing once work has been pending for ``stall_timeout``
+        seconds without progress (a record fetched or finished), so the
+        orchestrator restarts a stuck service. Reads only plain fields: the
+        health thread must not wait behind the loop."""
+        quiet = time.monotonic() - self._last_progress
+        if self._pending and quiet > self._stall_timeout:
+            return False, (f"stalled: work pending and no record fetched or finished for {quiet:.0f}s "
+                           f"(--stall-timeout {self._stall_timeout:.0f})")
+        return True, "ok"
 
     def _not_ready(self) -> str | None:
         if self._consumer is None:
@@ -264,6 +303,9 @@ class GroupMember:
         self._forget(keys)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """The session expired (e.g. the broker was away longer than the session
+        timeout): another member may own the partitions already, so nothing is
+        committed; their records are reprocessed and the sink drops duplicates."""
         keys = self._rebalanced("lost", partitions)
         log.warning("lost %s without a chance to commit", keys)
         self._handler.lost(keys)

@@ -1,6 +1,7 @@
 """The connector's sending half without vLLM: blocks of whole tokens, then the
 manifest, bit-exact on the wire; finished only after Kafka's acks; failures
-reported, never swallowed."""
+reported, never swallowed; a record Kafka refuses reported as such (fatal for
+the extractor); a full local queue never deadlocks."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from extractor.completion import CompletionSender
 from extractor.connector.gather import gather_cpu
 from extractor.connector.metadata import SendJob
 from extractor.connector.sender import BlockSender
+from hsx.dev.topics import fresh_topic_settings
 from runtime.broker import free_port
-from runtime.kafka import ensure_topics
+from runtime.kafka import RecordProducer, ensure_topics
 from runtime.settings import KafkaSettings, TopicSettings
-from schemas import Codec
+from schemas import BlockRecordHeaders, Codec, RecordKind
 from schemas.connector import CompletionReport, ConnectorConfig, RequestParams
 from tests.engine_helpers import reassemble
 from runtime.kafka.drain import drain
@@ -37,6 +39,13 @@ def completions(tmp_path: Path):  # type: ignore[no-untyped-def]
     socket.bind(address)
     yield address, socket
     socket.close(linger=0)
+
+
+def _config(address: str, topic: str, **fields: object) -> ConnectorConfig:
+    """A connector config for a BlockSender given its Kafka settings directly (no
+    settings file) and requests far below any budget."""
+    return ConnectorConfig(completion_address=address, kafka_settings_file="unused", blocks_topic=topic, model="m",
+                           max_request_bytes=1 << 20, **fields)  # type: ignore[arg-type]
 
 
 def _job(request_id: str, tokens: int, cache: torch.Tensor) -> tuple[SendJob, torch.Tensor]:
@@ -69,8 +78,7 @@ def test_sends_bit_exact_blocks_then_manifest(dtype: torch.dtype, kafka: KafkaSe
     address, socket = completions
     ensure_topics(kafka, topic_settings, [topic_settings.blocks])
     cache = torch.randn(20, LAYERS, BLOCK_SIZE, HIDDEN).to(dtype)
-    config = ConnectorConfig(completion_address=address, blocks_topic=topic_settings.blocks, model="m",
-                             block_bytes=4096, codec=Codec.BYTEPLANE_ZSTD)
+    config = _config(address, topic_settings.blocks, block_bytes=4096, codec=Codec.BYTEPLANE_ZSTD)
     sender = BlockSender(config, kafka, [1, 2, 4], CompletionSender(address))
     try:
         jobs = {name: _job(name, tokens, cache) for name, tokens in (("one", 1), ("mid", 37), ("many", 70))}
@@ -93,10 +101,10 @@ def test_sends_bit_exact_blocks_then_manifest(dtype: torch.dtype, kafka: KafkaSe
         assert reports[name].raw_bytes == expected.numel() * expected.element_size()
 
 
-def test_unreachable_kafka_is_reported_as_a_failure(completions) -> None:  # type: ignore[no-untyped-def]
+def test_unreachable_kafka_is_reported_as_a_refusal(completions) -> None:  # type: ignore[no-untyped-def]
     address, socket = completions
     kafka = KafkaSettings(bootstrap=f"127.0.0.1:{free_port()}", client_properties={"message.timeout.ms": "1500"})
-    config = ConnectorConfig(completion_address=address, blocks_topic="nowhere", model="m")
+    config = _config(address, "nowhere")
     sender = BlockSender(config, kafka, [1], CompletionSender(address))
     cache = torch.randn(20, 1, BLOCK_SIZE, 8)
     job, _ = _job("lost", 5, cache)
@@ -106,15 +114,15 @@ def test_unreachable_kafka_is_reported_as_a_failure(completions) -> None:  # typ
         assert _wait_finished(sender, {job.engine_request_id}) == {job.engine_request_id}
     finally:
         sender.close(timeout=1)
-    assert not report.ok and "Kafka rejected" in (report.error or "")
+    assert not report.ok and report.refused and "Message timed out" in (report.error or ""), report
 
 
-def test_a_manifest_that_fails_its_checks_is_reported(completions) -> None:  # type: ignore[no-untyped-def]
+def test_a_manifest_that_fails_its_checks_is_reported(kafka: KafkaSettings, topic_settings: TopicSettings,
+                                                      completions) -> None:  # type: ignore[no-untyped-def]
     address, socket = completions
-    config = ConnectorConfig(completion_address=address, blocks_topic="t", model="m")
-    # No broker: the block's delivery fails fast too; the report waits for it.
-    kafka = KafkaSettings(bootstrap=f"127.0.0.1:{free_port()}", client_properties={"message.timeout.ms": "500"})
-    sender = BlockSender(config, kafka, [1], CompletionSender(address))
+    ensure_topics(kafka, topic_settings, [topic_settings.blocks])
+    # The report waits for the block's ack; it is a failure to retry, not a refusal.
+    sender = BlockSender(_config(address, topic_settings.blocks), kafka, [1], CompletionSender(address))
     cache = torch.randn(20, 1, BLOCK_SIZE, 8)
     job, _ = _job("bad-span", 1, cache)
     job.params["loss_mask_spans"] = [[0, 5]]  # beyond the request's single token
@@ -122,12 +130,78 @@ def test_a_manifest_that_fails_its_checks_is_reported(completions) -> None:  # t
         sender.submit(job, gather_cpu(cache, job.block_ids, 1, BLOCK_SIZE))
         report = _receive(socket)
     finally:
-        sender.close(timeout=0.1)
-    assert not report.ok and "loss mask span" in (report.error or "")
+        sender.close(timeout=5)
+    assert not report.ok and not report.refused and "loss mask span" in (report.error or ""), report
+
+
+def test_records_the_broker_refuses_are_reported_as_refused(kafka_bootstrap: str,
+                                                            completions) -> None:  # type: ignore[no-untyped-def]
+    address, socket = completions
+    # A topic that does not exist, and the producer may not create it: the broker
+    # answers "unknown topic" until librdkafka gives up (after 1 s, not 30).
+    kafka = KafkaSettings(bootstrap=kafka_bootstrap, client_properties={
+        "allow.auto.create.topics": "false", "topic.metadata.propagation.max.ms": "1000"})
+    sender = BlockSender(_config(address, fresh_topic_settings().blocks, block_bytes=4096), kafka, [1, 2, 4],
+                         CompletionSender(address))
+    cache = torch.randn(20, LAYERS, BLOCK_SIZE, HIDDEN)
+    job, _ = _job("refused", 37, cache)
+    try:
+        sender.submit(job, gather_cpu(cache, job.block_ids, len(job.token_ids), BLOCK_SIZE))
+        report = _receive(socket)
+        # vLLM may free the request's blocks: nothing of it is outstanding any more.
+        assert _wait_finished(sender, {job.engine_request_id}) == {job.engine_request_id}
+    finally:
+        sender.close(timeout=5)
+    assert not report.ok and report.refused, report
+    assert "Kafka refused a record" in (report.error or "") and "Unknown topic" in (report.error or ""), report
+
+
+def test_a_full_local_queue_stalls_transfers_without_deadlock(kafka: KafkaSettings, topic_settings: TopicSettings,
+                                                              completions,  # type: ignore[no-untyped-def]
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    address, socket = completions
+    ensure_topics(kafka, topic_settings, [topic_settings.blocks])
+    full = []
+    produce = RecordProducer.produce
+
+    def counting(self: RecordProducer, *args: object, **kwargs: object) -> bool:
+        queued = produce(self, *args, **kwargs)  # type: ignore[arg-type]
+        full.append(not queued)
+        return queued
+
+    monkeypatch.setattr(RecordProducer, "produce", counting)
+    # Room for two records in librdkafka's queue: almost every produce finds it full.
+    tiny_queue = kafka.model_copy(update={"client_properties": {"queue.buffering.max.messages": "2"}})
+    sender = BlockSender(_config(address, topic_settings.blocks, block_bytes=4096, compress_threads=4), tiny_queue,
+                         [1, 2, 4], CompletionSender(address))
+    cache = torch.randn(20, LAYERS, BLOCK_SIZE, HIDDEN)
+    jobs = {name: _job(name, tokens, cache) for name, tokens in (("long", 70), ("mid", 37), ("short", 9))}
+    try:
+        for job, _ in jobs.values():
+            sender.submit(job, gather_cpu(cache, job.block_ids, len(job.token_ids), BLOCK_SIZE))
+        reports = {r.request_id: r for r in (_receive(socket) for _ in jobs)}
+        assert _wait_finished(sender, {j.engine_request_id for j, _ in jobs.values()}) == {
+            j.engine_request_id for j, _ in jobs.values()}
+    finally:
+        sender.close()
+    assert all(r.ok and not r.refused for r in reports.values()), reports
+    assert any(full), "the queue was never full: the test did not exercise a stall"
+    tokens_per_block = 4096 // (LAYERS * HIDDEN * 4)
+    blocks = {name: -(-len(job.token_ids) // tokens_per_block) for name, (job, _) in jobs.items()}
+    records = drain(kafka, topic_settings.blocks, expected=sum(blocks.values()) + len(jobs))
+    order: dict[str, list[int | None]] = {}
+    for record in records:  # a request's records share a partition: this is their order in the log
+        headers = BlockRecordHeaders.from_kafka(record.headers())
+        order.setdefault(record.key().decode(), []).append(
+            None if headers.kind is RecordKind.MANIFEST else headers.block_index)
+    assert order == {name: [*range(count), None] for name, count in blocks.items()}  # blocks in order, then the manifest
+    samples = reassemble(records)
+    for name, (_, expected) in jobs.items():
+        assert torch.equal(samples[name][0].hidden_states, expected)
 
 
 def test_in_flight_budget_admits_one_oversized_request() -> None:
-    config = ConnectorConfig(completion_address="ipc:///unused", blocks_topic="t", model="m", max_inflight_bytes=1 << 20)
+    config = _config("ipc:///unused", "t", max_inflight_bytes=1 << 20)
     sender = BlockSender(config, KafkaSettings(bootstrap=f"127.0.0.1:{free_port()}"), [1], CompletionSender("ipc:///unused"))
     try:
         assert sender.has_room(10 << 20)  # nothing in flight: even a huge request may go

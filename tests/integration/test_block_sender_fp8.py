@@ -20,10 +20,9 @@ from runtime.kafka.drain import drain
 from runtime.settings import KafkaSettings, TopicSettings
 from runtime.tensors import WIRE_DTYPES
 from schemas import Codec
-from schemas.connector import ConnectorConfig
 from schemas.fp8 import to_fp8
 from sink.assembler import Assembler, Record, Sample
-from tests.integration.test_block_sender import BLOCK_SIZE, HIDDEN, LAYERS, _job, _receive, _wait_finished
+from tests.integration.test_block_sender import BLOCK_SIZE, HIDDEN, LAYERS, _config, _job, _receive, _wait_finished
 
 pytestmark = pytest.mark.integration
 
@@ -45,8 +44,7 @@ def test_sends_fp8_codes_and_scales_bit_exact(dtype: torch.dtype, kafka: KafkaSe
     ensure_topics(kafka, topic_settings, [topic_settings.blocks])
     cache = (torch.randn(20, LAYERS, BLOCK_SIZE, HIDDEN) * 4).to(dtype)
     cache[6, :, 3] = 0  # a token whose rows are all zero
-    config = ConnectorConfig(completion_address=address, blocks_topic=topic_settings.blocks, model="m",
-                             block_bytes=4096, codec=Codec.BYTEPLANE_ZSTD, wire_dtype="fp8")
+    config = _config(address, topic_settings.blocks, block_bytes=4096, codec=Codec.BYTEPLANE_ZSTD, wire_dtype="fp8")
     sender = BlockSender(config, kafka, [1, 2, 4], CompletionSender(address))
     try:
         jobs = {name: _job(name, tokens, cache) for name, tokens in (("one", 1), ("many", 70))}
@@ -82,8 +80,7 @@ def test_rows_fp8_cannot_hold_are_reported(kafka: KafkaSettings, topic_settings:
     cache = torch.randn(20, LAYERS, BLOCK_SIZE, HIDDEN)
     job, _ = _job("inf", 5, cache)
     cache[job.block_ids[0], 1, 2, 7] = float("inf")
-    config = ConnectorConfig(completion_address=address, blocks_topic=topic_settings.blocks, model="m",
-                             wire_dtype="fp8")
+    config = _config(address, topic_settings.blocks, wire_dtype="fp8")
     sender = BlockSender(config, kafka, [1, 2, 4], CompletionSender(address))
     try:
         sender.submit(job, gather_cpu(cache, job.block_ids, 5, BLOCK_SIZE, fp8=True))

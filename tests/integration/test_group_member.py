@@ -9,8 +9,8 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_INVALID, Consumer, TopicPartition
 
-from runtime.errors import Rejection, ServiceFailed
-from runtime.kafka import consumer_config, ensure_topics, make_producer
+from runtime.errors import Rejection
+from runtime.kafka import DeliveryFailed, RecordProducer, consumer_config, ensure_topics, make_producer
 from runtime.kafka.dead_letters import DeadLetters
 from runtime.kafka.drain import drain
 from runtime.kafka.member import GroupMember
@@ -104,13 +104,13 @@ def test_member_stops_when_idle_but_not_while_busy(kafka: KafkaSettings) -> None
 
 def test_dead_letters_carry_the_rejection_and_count_as_done_when_acked(kafka: KafkaSettings) -> None:
     topic = _topic(kafka, 0)
-    letters = DeadLetters(make_producer(kafka), "extractor")
+    letters = DeadLetters(RecordProducer.connect(kafka, "extractor"), "extractor")
     acked: list[bool] = []
     letters.send(topic, Rejection(ErrorClass.PROMPT_TOO_LONG, "900 tokens; at most 511 fit"), b"original", b"r-1",
                  lambda: acked.append(True), source_topic="prompts", source_partition=1, source_offset=7)
     letters.producer.flush(30)
     assert acked == [True]
-    letters.check()
+    letters.producer.check()
     [record] = drain(kafka, topic, expected=1)
     headers = DlqHeaders.from_kafka(record.headers())
     assert (record.value(), record.key()) == (b"original", b"r-1")
@@ -118,20 +118,20 @@ def test_dead_letters_carry_the_rejection_and_count_as_done_when_acked(kafka: Ka
     assert headers.service == "extractor" and "900 tokens" in headers.error_message
 
 
-def test_a_lost_dead_letter_is_fatal() -> None:
+def test_a_refused_dead_letter_is_fatal() -> None:
     """The documented policy: the service is told at once and must stop without
     committing the record behind the letter."""
-    producer = make_producer(KafkaSettings(bootstrap="127.0.0.1:1"), **{"delivery.timeout.ms": 1000})
-    lost: list[ServiceFailed] = []
-    letters = DeadLetters(producer, "sink", on_lost=lost.append)
+    refused: list[DeliveryFailed] = []
+    producer = RecordProducer.connect(KafkaSettings(bootstrap="127.0.0.1:1"), "sink", refused.append,
+                                      **{"delivery.timeout.ms": 1000})
+    letters = DeadLetters(producer, "sink")
     acked: list[bool] = []
     letters.send("blocks.dlq", Rejection(ErrorClass.CORRUPT_BLOCK, "bad"), b"x", None, lambda: acked.append(True),
                  source_topic="blocks", source_partition=0, source_offset=3)
-    producer.flush(10)
+    with pytest.raises(DeliveryFailed, match="Kafka refused a record for blocks.dlq"):
+        producer.flush(10)
     assert not acked
-    assert len(lost) == 1 and "blocks.dlq" in str(lost[0])
-    with pytest.raises(ServiceFailed, match="dead-letter topic blocks.dlq unreachable"):
-        letters.check()
+    assert len(refused) == 1 and "blocks.dlq" in str(refused[0])
 
 
 def _ready_event(request_id: str) -> HiddenStatesReady:
@@ -146,7 +146,7 @@ def test_ready_events_make_their_records_committable(kafka: KafkaSettings, trans
     blocks, ready, group = _topic(kafka, 3), _topic(kafka, 0), f"g-{uuid.uuid4().hex[:8]}"
     member = GroupMember(kafka, group, blocks, "test_member", consumer_overrides={"session.timeout.ms": 6000},
                          commit_interval=3600)
-    publisher = ReadyPublisher(kafka, make_producer(kafka), ready, member.marks, group if transactional else None)
+    publisher = ReadyPublisher(kafka, RecordProducer.connect(kafka, "sink"), ready, member.marks, group if transactional else None)
     member.subscribe(commit=publisher.commit)
     publisher.bind(member.consumer)
     try:

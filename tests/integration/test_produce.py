@@ -13,7 +13,7 @@ from hsx.cli import main
 from hsx.dev.topics import fresh_topic_settings
 from producer.inputs import InputSpec, read_input
 from producer.publisher import Publisher
-from runtime.kafka import DeliveryTracker, ensure_topics, make_producer
+from runtime.kafka import RecordProducer, ensure_topics
 from runtime.settings import KafkaSettings, TopicSettings
 from schemas import DlqHeaders, PromptEvent
 from runtime.kafka.drain import drain
@@ -119,7 +119,7 @@ def test_parquet_publishes_what_jsonl_does(tmp_path: Path, kafka: KafkaSettings,
 def test_skip_ids_are_not_published(tmp_path: Path, kafka: KafkaSettings, topic_settings: TopicSettings) -> None:
     topics = topic_settings.topics()
     ensure_topics(kafka, topic_settings, [topics.prompts, topics.prompts_dlq])
-    publisher = Publisher(DeliveryTracker(make_producer(kafka)), topics, CHAT_MAPPING)
+    publisher = Publisher(RecordProducer.connect(kafka, "producer"), topics, CHAT_MAPPING)
     sent: list[str] = []
     lines = read_input(InputSpec(str(write_parquet(chat_rows(10), tmp_path / "chats.parquet"))))
     summary = publisher.publish(lines, skip_ids={"c-0", "c-7"}, on_sent=lambda e: sent.append(e.request_id))

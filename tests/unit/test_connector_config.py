@@ -1,0 +1,65 @@
+"""The extractor → connector contract: the in-flight budget must hold one
+request of ``max_model_len`` tokens, and the Kafka settings reach the connector
+through a private file, secrets included, never through the config vLLM logs."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from extractor.connector.kafka_settings import read_kafka_settings, write_kafka_settings
+from runtime.settings import KafkaSettings
+from schemas import format_validation_error
+from schemas.connector import ConnectorConfig, request_bytes_bound
+
+SECRETS = ("sasl-s3cret", "key-s3cret", "oauth-s3cret")
+
+
+def _config(**fields: object) -> ConnectorConfig:
+    return ConnectorConfig(**{"completion_address": "ipc:///c.sock", "kafka_settings_file": "/k.json",
+                              "blocks_topic": "t", "model": "m", **fields})  # type: ignore[arg-type]
+
+
+def test_a_budget_below_one_request_is_refused_in_one_line() -> None:
+    largest = request_bytes_bound(max_model_len=4096, num_layers=4, hidden_size=4096)
+    assert largest == 4096 * 4 * 4096 * 4
+    assert _config(max_inflight_bytes=largest, max_request_bytes=largest).max_inflight_bytes == largest
+    with pytest.raises(ValidationError) as caught:
+        _config(max_inflight_bytes=64 << 20, max_request_bytes=largest)
+    message = format_validation_error(caught.value)
+    assert "\n" not in message
+    assert f"max_inflight_bytes {64 << 20} cannot hold one request of max_model_len tokens ({largest} raw bytes)" \
+        in message
+
+
+def test_the_request_bound_is_required() -> None:
+    with pytest.raises(ValidationError, match="max_request_bytes"):
+        ConnectorConfig(completion_address="ipc:///c.sock", kafka_settings_file="/k.json", blocks_topic="t", model="m")
+
+
+def test_the_kafka_settings_file_carries_secrets_and_the_logged_config_does_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = KafkaSettings(
+        bootstrap="kafka-0.example:9093", security_protocol="SASL_SSL", sasl_mechanism="PLAIN",
+        sasl_username="hsx", sasl_password=SECRETS[0], ssl_key_password=SECRETS[1],
+        client_properties={"sasl.oauthbearer.client.secret": SECRETS[2], "linger.ms": "20"},
+    )
+    # What the engine processes inherit must not leak into what the connector reads.
+    monkeypatch.setenv("HSX_KAFKA_BOOTSTRAP", "elsewhere:9092")
+    monkeypatch.setenv("HSX_KAFKA_SASL_PASSWORD", "from-the-environment")
+    monkeypatch.setenv("HSX_KAFKA_SSL_CA_LOCATION", "/from/the/environment.pem")
+
+    path = write_kafka_settings(settings, tmp_path)
+    assert stat.S_IMODE(Path(path).stat().st_mode) == 0o600
+    read = read_kafka_settings(path)
+    assert read.client_config() == settings.client_config()
+    assert read.secret_values() == list(SECRETS)
+    assert read.ssl_ca_location is None
+
+    logged = json.dumps(_config(kafka_settings_file=path, max_request_bytes=1 << 20).model_dump(mode="json"))
+    assert path in logged
+    assert not [secret for secret in SECRETS if secret in logged]
