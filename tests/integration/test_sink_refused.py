@@ -1,0 +1,75 @@
+"""A sink whose ready events Kafka refuses (its ready topic deleted under it,
+topic auto-creation off): the sink must not count the events as published. It
+exits 1 and commits nothing past the first undelivered event; once the topic is
+back, a restarted sink announces every stored sample."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from hsx.dev.commands import sink_command
+from hsx.dev.spawn import HsxService, cpu_engine_env
+from hsx.dev.topics import fresh_topics
+from runtime.kafka import ensure_topics
+from runtime.kafka.config import client_config
+from runtime.kafka.drain import drain
+from runtime.settings import KafkaSettings, TopicSettings
+from schemas import HiddenStatesReady
+from tests.reliability.harness import committed, index_counts, publish, wait_until
+from tests.unit.test_assembler import records
+
+pytestmark = [pytest.mark.integration]
+
+GROUP = "s-refused"
+NO_AUTO_CREATE = json.dumps({"allow.auto.create.topics": "false", "topic.metadata.propagation.max.ms": "1000"})
+
+
+def _publish_samples(kafka: KafkaSettings, topic: str, ids: list[str]) -> int:
+    return publish(kafka, topic, [r for request_id in ids for r in records(request_id)[0]])
+
+
+def _sink(kafka: KafkaSettings, topics: TopicSettings, output: Path, log_dir: Path, name: str,
+          idle: float = 5) -> HsxService:
+    command = sink_command(kafka.bootstrap, topics, output, "--exit-when-idle", str(idle), "--flush-when-idle", "0.5",
+                           group=GROUP)
+    return HsxService(name, command, log_dir, env=cpu_engine_env(HSX_KAFKA_CLIENT_PROPERTIES=NO_AUTO_CREATE))
+
+
+def _ready_ids(kafka: KafkaSettings, topics: TopicSettings, expected: int) -> list[str]:
+    return [HiddenStatesReady.model_validate_json(r.value()).request_id
+            for r in drain(kafka, topics.ready, expected=expected)]
+
+
+def test_undelivered_ready_events_stop_the_sink_and_are_announced_after_restart(
+        kafka: KafkaSettings, tmp_path: Path) -> None:
+    topics = fresh_topics(kafka, partitions=1)
+    output = tmp_path / "dataset"
+    first, second = [f"a-{i}" for i in range(10)], [f"b-{i}" for i in range(10)]
+    first_records = _publish_samples(kafka, topics.blocks, first)
+    with _sink(kafka, topics, output, tmp_path, "sink-1") as sink:
+        assert sink.wait(120) == 0, sink.log_tail()
+    assert sorted(_ready_ids(kafka, topics, 10)) == sorted(first)
+    assert committed(kafka, topics.blocks, GROUP, 1)[0] == first_records
+
+    with _sink(kafka, topics, output, tmp_path, "sink-2", idle=60) as sink:
+        sink.wait_ready(120)
+        admin = AdminClient(client_config(kafka))
+        admin.delete_topics([topics.ready])[topics.ready].result(30)
+        wait_until(lambda: topics.ready not in admin.list_topics(timeout=10).topics, 30, "the ready topic to go")
+        _publish_samples(kafka, topics.blocks, second)
+        assert sink.wait(120) == 1, sink.log_tail()
+        log = sink.log_tail()
+    assert f"Kafka refused a record for {topics.ready}" in log, log
+    assert set(index_counts(output)) == set(first + second)  # stored, but not announced
+    assert committed(kafka, topics.blocks, GROUP, 1)[0] == first_records, "committed past an undelivered event"
+
+    ensure_topics(kafka, TopicSettings(partitions=1), [topics.ready])
+    with _sink(kafka, topics, output, tmp_path, "sink-3") as sink:
+        assert sink.wait(120) == 0, sink.log_tail()
+    assert sorted(_ready_ids(kafka, topics, 10)) == sorted(second)
+    counts = index_counts(output)
+    assert set(counts) == set(first + second) and max(counts.values()) == 1
