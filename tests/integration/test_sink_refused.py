@@ -1,7 +1,8 @@
-"""A sink whose ready events Kafka refuses (its ready topic deleted under it,
-topic auto-creation off): the sink must not count the events as published. It
-exits 1 and commits nothing past the first undelivered event; once the topic is
-back, a restarted sink announces every stored sample."""
+"""A sink whose records Kafka refuses (a topic deleted under it, auto-creation
+off): ready events, or a dead letter. The sink must not count them as sent. It
+exits 1 and commits nothing past the first undelivered record; once the topic is
+back, a restarted sink announces every stored sample (and dead-letters what it
+must)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from runtime.kafka.config import client_config
 from runtime.kafka.drain import drain
 from runtime.settings import KafkaSettings, TopicSettings
 from schemas import HiddenStatesReady
-from tests.reliability.harness import committed, index_counts, publish, wait_until
+from tests.reliability.harness import committed, dead_letters, index_counts, publish, wait_until
 from tests.unit.test_assembler import records
 
 pytestmark = [pytest.mark.integration]
@@ -44,9 +45,11 @@ def _ready_ids(kafka: KafkaSettings, topics: TopicSettings, expected: int) -> li
             for r in drain(kafka, topics.ready, expected=expected)]
 
 
-def test_undelivered_ready_events_stop_the_sink_and_are_announced_after_restart(
-        kafka: KafkaSettings, tmp_path: Path) -> None:
+@pytest.mark.parametrize("refused", ["ready", "blocks_dlq"])
+def test_a_refused_record_stops_the_sink_and_its_restart_redoes_the_work(
+        kafka: KafkaSettings, tmp_path: Path, refused: str) -> None:
     topics = fresh_topics(kafka, partitions=1)
+    gone = getattr(topics, refused)
     output = tmp_path / "dataset"
     first, second = [f"a-{i}" for i in range(10)], [f"b-{i}" for i in range(10)]
     first_records = _publish_samples(kafka, topics.blocks, first)
@@ -58,18 +61,25 @@ def test_undelivered_ready_events_stop_the_sink_and_are_announced_after_restart(
     with _sink(kafka, topics, output, tmp_path, "sink-2", idle=60) as sink:
         sink.wait_ready(120)
         admin = AdminClient(client_config(kafka))
-        admin.delete_topics([topics.ready])[topics.ready].result(30)
-        wait_until(lambda: topics.ready not in admin.list_topics(timeout=10).topics, 30, "the ready topic to go")
+        admin.delete_topics([gone])[gone].result(30)
+        wait_until(lambda: gone not in admin.list_topics(timeout=10).topics, 30, f"{gone} to go")
+        if refused == "blocks_dlq":  # a record to dead-letter first: nothing after it is committable
+            publish(kafka, topics.blocks, [(b"bad-1", b"not a block record")])
         _publish_samples(kafka, topics.blocks, second)
         assert sink.wait(120) == 1, sink.log_tail()
         log = sink.log_tail()
-    assert f"Kafka refused a record for {topics.ready}" in log, log
-    assert set(index_counts(output)) == set(first + second)  # stored, but not announced
-    assert committed(kafka, topics.blocks, GROUP, 1)[0] == first_records, "committed past an undelivered event"
+    assert f"Kafka refused a record for {gone}" in log, log
+    assert set(index_counts(output)) <= set(first + second)
+    assert committed(kafka, topics.blocks, GROUP, 1)[0] == first_records, "committed past an undelivered record"
 
-    ensure_topics(kafka, TopicSettings(partitions=1), [topics.ready])
+    ensure_topics(kafka, TopicSettings(partitions=1), [gone])
     with _sink(kafka, topics, output, tmp_path, "sink-3") as sink:
         assert sink.wait(120) == 0, sink.log_tail()
-    assert sorted(_ready_ids(kafka, topics, 10)) == sorted(second)
+    if refused == "ready":
+        assert sorted(_ready_ids(kafka, topics, 10)) == sorted(second)
+    else:  # the restart dead-letters the bad record; every sample is announced (some maybe twice: same event id)
+        [(headers, record)] = dead_letters(kafka, topics.blocks_dlq, expected=1)
+        assert record.key() == b"bad-1" and headers.error_class == "invalid_record"
+        assert set(_ready_ids(kafka, topics, 20)) == set(first + second)
     counts = index_counts(output)
     assert set(counts) == set(first + second) and max(counts.values()) == 1
