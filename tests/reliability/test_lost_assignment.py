@@ -1,7 +1,8 @@
-"""The lost path of the consumer-group member, taken deterministically: the
-broker is frozen (SIGSTOP) for longer than the session timeout, so librdkafka
-gives the partitions up as *lost*; when the broker returns, the member rejoins
-and must fetch again whatever its pause state was when the partitions went.
+"""The lost path, taken deterministically: the broker is frozen (SIGSTOP) for
+longer than the session timeout, so librdkafka gives the partitions up as
+*lost*; when the broker returns, the member rejoins and must fetch again
+whatever its pause state was when the partitions went. First the group member
+alone, then both services with work in every stage.
 
 The cause of an extractor that stalled after a broker outage: librdkafka keeps a
 partition's application pause flag across a loss and re-assignment, so a member
@@ -15,13 +16,22 @@ import os
 import signal
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
+from hsx import models
+from hsx.dev.commands import extract_command, sink_command
+from hsx.dev.spawn import HsxService
+from hsx.dev.topics import fresh_topics
 from runtime.broker import EmbeddedBroker
 from runtime.kafka import RecordProducer, ensure_topics
 from runtime.kafka.member import GroupMember
 from runtime.settings import KafkaSettings, TopicSettings
+from tests.reliability.harness import (
+    as_records, check_exactly_once, index_counts, publish, record_figures, text_prompts, wait_until,
+)
+from tests.unit.test_assembler import records
 
 pytestmark = pytest.mark.integration
 
@@ -75,3 +85,57 @@ def test_a_member_fetches_again_after_losing_its_partitions(unpause: str) -> Non
                 f"{len(fetched)} of 20 records fetched within {RESUME_BOUND_S:.0f}s of the broker's return")
         finally:
             member.close()
+
+
+MAX_INFLIGHT = 4
+OUTAGE_S = 15.0
+"""Past the 6 s session timeout of the services' dev commands: both lose their partitions."""
+RECOVERY_BOUND_S = 180.0
+"""Every prompt stored within this of the broker's return: rejoining takes seconds
+and the run's remaining work about half a minute on 2 cores; a stalled service
+would use it all."""
+
+
+@pytest.mark.engine
+def test_services_resume_after_losing_their_partitions_with_work_in_every_stage(tmp_path: Path) -> None:
+    """At the moment the broker goes: the extractor holds ``max_inflight`` prompts
+    (waiting for Kafka's acks), the sink an open shard and an incomplete sample
+    (blocks without their manifest), and its shard closes during the outage, so
+    ready events are pending when the partitions are lost."""
+    model = models.prepare(names=["smollm2-135m-instruct"])["smollm2-135m-instruct"]
+    prompts = text_prompts(60, "lost")
+    with EmbeddedBroker() as broker:
+        kafka = KafkaSettings(bootstrap=broker.bootstrap)
+        topics = fresh_topics(kafka)
+        publish(kafka, topics.prompts, as_records(prompts))
+        publish(kafka, topics.blocks, records("partial-0")[0][:-1])  # its manifest never comes
+        output = tmp_path / "dataset"
+        extractor = HsxService("extractor", extract_command(
+            kafka.bootstrap, topics, model, "--max-model-len", "512", "--max-inflight", str(MAX_INFLIGHT),
+            group="x-lost"), tmp_path)
+        sink = HsxService("sink", sink_command(
+            kafka.bootstrap, topics, output, "--max-shard-samples", "1000", "--max-shard-age", "4", group="s-lost"),
+            tmp_path)
+        with extractor, sink:
+            wait_until(lambda: len(index_counts(output)) >= 5, 300, "the run to be under way")
+            os.kill(broker.pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            try:
+                wait_until(lambda: extractor.metric("hsx_extractor_prompts_in_flight") == MAX_INFLIGHT, 10,
+                           "the extractor to hold max_inflight prompts")
+                assert sink.metric("hsx_sink_buffered_bytes") > 0, "the sink holds nothing"
+                time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - stopped)))
+            finally:
+                os.kill(broker.pid, signal.SIGCONT)
+            returned = time.monotonic()
+            wait_until(lambda: len(index_counts(output)) >= len(prompts), RECOVERY_BOUND_S,
+                       f"every prompt within {RECOVERY_BOUND_S:.0f}s of the broker's return")
+            recovered = time.monotonic() - returned
+            for service in (extractor, sink):
+                assert "lost [" in service.log_tail(200_000), f"{service.name} never lost its partitions"
+                assert service.exited() is None, service.log_tail()
+                assert service.ready(), f"{service.name} not ready after recovering"
+                assert service.stop() == 0, service.log_tail()
+        check_exactly_once(kafka, topics, output, {str(p["request_id"]) for p in prompts})
+    record_figures("lost_assignment", {"prompts": len(prompts), "outage_s": OUTAGE_S, "max_inflight": MAX_INFLIGHT,
+                                       "all_done_s_after_return": round(recovered, 1)})
