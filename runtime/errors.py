@@ -18,7 +18,7 @@ class ExitCode(IntEnum):
     OK = 0
     FAILED = 1
     """The run started and could not finish safely: the engine died or stalled, a
-    dead letter or ready event was not acknowledged, ``--on-invalid fail`` met an
+    record hsx produced was refused by Kafka, ``--on-invalid fail`` met an
     invalid line. Nothing unfinished was committed; a restart resumes."""
     USAGE = 2
     """Bad command line or local input (argparse uses 2 as well)."""

@@ -72,6 +72,20 @@ def _wait_finished(sender: BlockSender, expected: set[str], timeout: float = 30.
     return finished
 
 
+def _send_all(sender: BlockSender, jobs: dict, cache: torch.Tensor, socket) -> dict:  # type: ignore[no-untyped-def]
+    """Submit every job, collect one report each (by request id), check vLLM may
+    free every request's blocks, and close the sender."""
+    try:
+        for job, _ in jobs.values():
+            sender.submit(job, gather_cpu(cache, job.block_ids, len(job.token_ids), BLOCK_SIZE))
+        reports = {r.request_id: r for r in (_receive(socket) for _ in jobs)}
+        engine_ids = {j.engine_request_id for j, _ in jobs.values()}
+        assert _wait_finished(sender, engine_ids) == engine_ids
+    finally:
+        sender.close()
+    return reports
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sends_bit_exact_blocks_then_manifest(dtype: torch.dtype, kafka: KafkaSettings, topic_settings: TopicSettings,
                                               completions) -> None:  # type: ignore[no-untyped-def]
@@ -80,15 +94,8 @@ def test_sends_bit_exact_blocks_then_manifest(dtype: torch.dtype, kafka: KafkaSe
     cache = torch.randn(20, LAYERS, BLOCK_SIZE, HIDDEN).to(dtype)
     config = _config(address, topic_settings.blocks, block_bytes=4096, codec=Codec.BYTEPLANE_ZSTD)
     sender = BlockSender(config, kafka, [1, 2, 4], CompletionSender(address))
-    try:
-        jobs = {name: _job(name, tokens, cache) for name, tokens in (("one", 1), ("mid", 37), ("many", 70))}
-        for job, _ in jobs.values():
-            sender.submit(job, gather_cpu(cache, job.block_ids, len(job.token_ids), BLOCK_SIZE))
-        reports = {r.request_id: r for r in (_receive(socket) for _ in jobs)}
-        assert _wait_finished(sender, {j.engine_request_id for j, _ in jobs.values()}) == {
-            j.engine_request_id for j, _ in jobs.values()}
-    finally:
-        sender.close()
+    jobs = {name: _job(name, tokens, cache) for name, tokens in (("one", 1), ("mid", 37), ("many", 70))}
+    reports = _send_all(sender, jobs, cache, socket)
     assert all(r.ok and r.error is None for r in reports.values())
     samples = reassemble(drain(kafka, topic_settings.blocks, expected=1, settle=2.0))
     for name, (job, expected) in jobs.items():
@@ -176,14 +183,7 @@ def test_a_full_local_queue_stalls_transfers_without_deadlock(kafka: KafkaSettin
                          [1, 2, 4], CompletionSender(address))
     cache = torch.randn(20, LAYERS, BLOCK_SIZE, HIDDEN)
     jobs = {name: _job(name, tokens, cache) for name, tokens in (("long", 70), ("mid", 37), ("short", 9))}
-    try:
-        for job, _ in jobs.values():
-            sender.submit(job, gather_cpu(cache, job.block_ids, len(job.token_ids), BLOCK_SIZE))
-        reports = {r.request_id: r for r in (_receive(socket) for _ in jobs)}
-        assert _wait_finished(sender, {j.engine_request_id for j, _ in jobs.values()}) == {
-            j.engine_request_id for j, _ in jobs.values()}
-    finally:
-        sender.close()
+    reports = _send_all(sender, jobs, cache, socket)
     assert all(r.ok and not r.refused for r in reports.values()), reports
     assert any(full), "the queue was never full: the test did not exercise a stall"
     tokens_per_block = 4096 // (LAYERS * HIDDEN * 4)
