@@ -99,6 +99,7 @@ class GroupMember:
         self._metrics = member_metrics(service)
         self._errors = ConsumerErrors(service)
         self._consumer: Consumer | None = None
+        self._cooperative = True
         self._assigned: set[TopicPartitionKey] = set()
         self._commit: Commit = self._commit_watermarks
         self._last_commit = self._last_activity = self._last_progress = self._lag_checked = time.monotonic()
@@ -133,7 +134,9 @@ class GroupMember:
         offset commit (the sink's transactional mode commits inside a transaction)."""
         if commit is not None:
             self._commit = commit
-        self._consumer = Consumer(consumer_config(self._kafka, self._group_id, **self._overrides))
+        config = consumer_config(self._kafka, self._group_id, **self._overrides)
+        self._cooperative = "cooperative" in str(config.get("partition.assignment.strategy", ""))
+        self._consumer = Consumer(config)
         self._consumer.subscribe([self._topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                  on_lost=self._on_lost)
         self._last_commit = self._last_activity = time.monotonic()  # start-up is not idleness
@@ -281,15 +284,18 @@ class GroupMember:
     # -- rebalance callbacks (librdkafka calls them from inside poll) ------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """1. the service sets up the partitions' state; 2. they take the member's
-        pause state, explicitly either way: librdkafka keeps a partition's pause
-        flag across a loss and re-assignment, so a partition lost while paused
-        would come back paused after the member resumed (while it held nothing)
-        and would never be fetched again."""
+        """1. the service sets up the partitions' state; 2. the partitions are
+        assigned here rather than after the callback, so that 3. they take the
+        member's pause state, explicitly either way. librdkafka keeps a
+        partition's pause flag across a loss and re-assignment: a partition lost
+        while paused would come back paused after the member resumed (while it
+        held nothing) and never be fetched again. And a pause before the
+        assignment does not hold for a partition the consumer never had."""
         keys = self._rebalanced("assign", partitions)
         self._handler.assigned(keys)
         self._assigned.update(keys)
         self.touch()
+        (consumer.incremental_assign if self._cooperative else consumer.assign)(partitions)
         (consumer.pause if self.paused else consumer.resume)(partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

@@ -170,3 +170,34 @@ def test_ready_events_make_their_records_committable(kafka: KafkaSettings, trans
         assert sorted(e.request_id for e in events) == ["r-1", "r-2"]
     finally:
         member.close()
+
+
+def test_liveness_fails_when_work_is_pending_without_progress(kafka: KafkaSettings) -> None:
+    """Records on an assigned partition that the member never fetches (paused,
+    as a member whose partitions came back paused was) make /healthz fail after
+    ``stall_timeout``; fetching them makes it pass again."""
+    topic = _topic(kafka, 5)
+    member = GroupMember(kafka, f"g-{uuid.uuid4().hex[:8]}", topic, "test_member",
+                         consumer_overrides={"session.timeout.ms": 6000}, stall_timeout=2)
+    member.subscribe()
+    try:
+        member.pause(True)
+        deadline = time.monotonic() + 30
+        while not member.assignment and time.monotonic() < deadline:
+            assert member.poll(10, timeout=0.2) == []
+        stalled_by = time.monotonic() + 30
+        while member._liveness()[0]:
+            assert time.monotonic() < stalled_by, "never failed its liveness with 5 records pending"
+            assert member.poll(10, timeout=0.2) == []
+            member.tick()
+        live, reason = member._liveness()
+        assert not live and "stalled" in reason and "--stall-timeout 2" in reason
+
+        member.pause(False)
+        fetched = []
+        while len(fetched) < 5 and time.monotonic() < stalled_by + 30:
+            fetched += member.poll(10, timeout=0.2)
+            member.tick()
+        assert len(fetched) == 5 and member._liveness() == (True, "ok")
+    finally:
+        member.close()
