@@ -1,6 +1,7 @@
-"""The Kafka layer's error paths that a real broker will not produce on demand:
-a commit answered with one failed partition, a commit that fails whole, and
-each kind of consumer error (mocks: error paths only)."""
+"""The Kafka layer's error paths that the embedded broker will not produce on
+demand: a commit answered with one failed partition, a commit that fails whole,
+each kind of consumer error, a transaction that cannot commit (mocks: error
+paths only), and prompts refused by an unreachable cluster."""
 
 from __future__ import annotations
 
@@ -10,9 +11,14 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from runtime.kafka import ConsumerErrors, KafkaFatal
+from producer.publisher import Publisher
+from producer.sources import SourceLine
+from runtime.kafka import ConsumerErrors, DeliveryFailed, KafkaFatal, RecordProducer
 from runtime.kafka.commits import commit_watermarks
 from runtime.kafka.watermarks import Watermarks
+from runtime.settings import KafkaSettings, TopicSettings
+from sink.ready import ReadyPublisher
+from tests.integration.test_group_member import _ready_event
 
 
 @dataclass
@@ -78,3 +84,64 @@ def test_consumer_errors_end_of_partition_transient_and_fatal(caplog: pytest.Log
         errors.check(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
     with pytest.raises(KafkaFatal):
         errors.check(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+
+
+class _TransactionalClient:
+    """A transactional producer whose commit fails (a fenced producer, a broker
+    that aborted the transaction on its own)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def init_transactions(self, timeout: float) -> None:
+        self.calls.append("init")
+
+    def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    def produce(self, topic: str, **_: object) -> None:
+        self.calls.append("produce")
+
+    def send_offsets_to_transaction(self, offsets: object, metadata: object) -> None:
+        self.calls.append("offsets")
+
+    def commit_transaction(self, timeout: float) -> None:
+        raise KafkaException(KafkaError(KafkaError._FENCED, "producer fenced"))
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.calls.append("abort")
+
+
+class _GroupConsumer:
+    def consumer_group_metadata(self) -> object:
+        return object()
+
+
+def test_a_failed_transaction_is_aborted_and_nothing_more_is_committed(monkeypatch: pytest.MonkeyPatch) -> None:
+
+    client = _TransactionalClient()
+    monkeypatch.setattr(RecordProducer, "connect", classmethod(lambda cls, *a, **k: cls(client, "sink")))  # type: ignore[arg-type]
+    marks = Watermarks()
+    marks.track(("blocks", 0), 0)
+    publisher = ReadyPublisher(KafkaSettings(), RecordProducer(client, "sink"), "ready", marks,  # type: ignore[arg-type]
+                               transactional_id="sink")
+    publisher.bind(_GroupConsumer())  # type: ignore[arg-type]
+    with pytest.raises(DeliveryFailed, match="transaction not committed .*producer fenced"):
+        publisher.publish([_ready_event("r-1")], lambda: marks.done(("blocks", 0), 0))
+    assert client.calls[-2:] == ["offsets", "abort"]
+    assert marks.to_commit() == {("blocks", 0): 1}  # never marked committed
+    calls = len(client.calls)
+    publisher.commit()  # the member's periodic commit: nothing after the failure
+    with pytest.raises(DeliveryFailed):
+        publisher.publish([_ready_event("r-2")], lambda: None)
+    assert len(client.calls) == calls
+
+
+def test_a_one_shot_publish_reports_refused_prompts() -> None:
+
+    producer = RecordProducer.connect(KafkaSettings(bootstrap="127.0.0.1:1"), "producer",
+                                      **{"delivery.timeout.ms": 1000})
+    publisher = Publisher(producer, TopicSettings().topics())
+    lines = [SourceLine("in.jsonl", i + 1, f'{{"request_id": "r-{i}", "prompt": "hi"}}'.encode()) for i in range(3)]
+    with pytest.raises(DeliveryFailed, match=r"3 records refused; the first: Kafka refused a record for prompts"):
+        publisher.publish(lines)
