@@ -123,8 +123,8 @@ class Publisher:
         request id is in ``skip_ids`` (already done, say) are counted as skipped
         and not sent; ``on_sent(event)`` is called for each event queued.
         Raises :class:`InvalidLine` under the ``fail`` policy,
-        ``DeliveryFailed`` when Kafka refused an event or a dead letter (the
-        first refusal; :attr:`refused` counts them all)."""
+        ``DeliveryFailed`` when Kafka refused events or dead letters (how many,
+        and the first one's reason)."""
         summary = PublishSummary()
         start = time.monotonic()
         try:

@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from runtime.errors import ServiceFailed
 from runtime.health import HealthServer
-from runtime.kafka.commits import commit_watermarks, remaining_lag, partition_lag
+from runtime.kafka.commits import commit_watermarks, partition_lag, remaining_lag
 from runtime.kafka.config import consumer_config
 from runtime.kafka.errors import ConsumerErrors, KafkaFatal
 from runtime.kafka.watermarks import TopicPartitionKey, Watermarks
