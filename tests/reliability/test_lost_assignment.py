@@ -16,9 +16,11 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Message
 
 from hsx import models
 from hsx.dev.commands import extract_command, sink_command
@@ -40,8 +42,9 @@ RESUME_BOUND_S = 30.0
 """After the broker returns: rejoin (a few seconds) and fetch the new records."""
 
 
-def _wait(condition, member: GroupMember, timeout: float, what: str) -> list:  # type: ignore[no-untyped-def]
-    fetched = []
+def _wait(condition: Callable[[], bool], member: GroupMember, timeout: float, what: str) -> list[Message]:
+    """Poll ``member`` until ``condition`` holds; returns what it fetched meanwhile."""
+    fetched: list[Message] = []
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
