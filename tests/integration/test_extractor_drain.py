@@ -48,6 +48,17 @@ def _wait_for_first_record(kafka: KafkaSettings, topic: str, timeout: float = 30
         consumer.close()
 
 
+def _wait_for_prompts_above(health_port: int, floor: float, timeout: float = 60) -> float:
+    """The extractor's acknowledged-prompt count once it exceeds `floor`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = metric(health_port, "hsx_extractor_prompts_total")
+        if done > floor:
+            return done
+        time.sleep(0.2)
+    raise AssertionError(f"hsx_extractor_prompts_total did not pass {floor} within {timeout:.0f}s")
+
+
 def test_sigterm_drains_and_restart_finishes(kafka: KafkaSettings, tmp_path: Path) -> None:
     model = models.prepare(names=["tiny-llama"])["tiny-llama"]
     topics = fresh_topics(kafka, partitions=2)
@@ -64,12 +75,10 @@ def test_sigterm_drains_and_restart_finishes(kafka: KafkaSettings, tmp_path: Pat
         health_port = extractor.port
         _wait_for_first_record(kafka, topics.blocks)
         assert get(health_port, "/readyz")[0] == 200
-        first, second = metric(health_port, "hsx_extractor_prompts_total"), None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and (second is None or second <= first):
-            time.sleep(0.2)
-            second = metric(health_port, "hsx_extractor_prompts_total")
-        assert first > 0 and second is not None and second > first, "hsx_extractor_prompts_total did not move"
+        # The counter moves when Kafka acknowledges a prompt's manifest, which can come
+        # well after its first block record is readable: wait for one, then another.
+        first = _wait_for_prompts_above(health_port, 0)
+        _wait_for_prompts_above(health_port, first)
         assert extractor.stop(timeout=120) == 0, (tmp_path / "first.log").read_text()[-3000:]  # SIGTERM: a drain
 
     committed = _committed(kafka, topics.prompts, group)
