@@ -94,7 +94,7 @@ bench: $(MODELS_STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 schemas: $(STAMP)
-	$(BIN)/python -m schemas.generate
+	$(BIN)/python -m hsx.schemas.generate
 
 clean:
 	rm -rf $(VENV) $(TOOLS_VENV) $(SPEC_VENV) .cache .pytest_cache

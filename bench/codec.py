@@ -12,12 +12,12 @@ import time
 import torch
 
 from bench.prompts import demo_token_ids
-from extractor.engine import default_layer_ids
 from hsx import models
+from hsx.extractor.engine import default_layer_ids
 from hsx.reference import HFReference
-from runtime.tensors import WIRE_DTYPES
-from schemas import Codec
-from schemas.codec import decode_block, encode_block
+from hsx.runtime.tensors import WIRE_DTYPES
+from hsx.schemas import Codec
+from hsx.schemas.codec import decode_block, encode_block
 
 BLOCK_BYTES = 1 << 20  # the extractor's default --block-bytes
 

@@ -1,5 +1,5 @@
 """Dataset codecs benchmark: bytes per token and single-core encode/decode speed of
-``raw``, ``byteplane-zstd``, ``fp8`` and ``fp8-zstd`` (:mod:`schemas.dataset_codec`)
+``raw``, ``byteplane-zstd``, ``fp8`` and ``fp8-zstd`` (:mod:`hsx.schemas.dataset_codec`)
 on real SmolLM2 hidden states (HF transformers, EAGLE-3's default layers), as
 bfloat16 and as float32, one sample per prompt as the sink stores them. Two sets:
 
@@ -44,11 +44,11 @@ import zstandard
 
 from bench import codec as codec_bench
 from bench.stages import best
-from runtime.tensors import WIRE_DTYPES
-from schemas import DType
-from schemas.codec import decode_block, encode_block, read_header
-from schemas.dataset_codec import DatasetCodec, decode_sample, encode_sample, split_records
-from schemas.fp8 import error_bound, from_fp8, to_fp8, widen
+from hsx.runtime.tensors import WIRE_DTYPES
+from hsx.schemas import DType
+from hsx.schemas.codec import decode_block, encode_block, read_header
+from hsx.schemas.dataset_codec import DatasetCodec, decode_sample, encode_sample, split_records
+from hsx.schemas.fp8 import error_bound, from_fp8, to_fp8, widen
 
 Sample = tuple[bytes, tuple[int, int, int]]
 
@@ -182,8 +182,8 @@ def long_samples() -> list[torch.Tensor]:
     from transformers import AutoTokenizer
 
     from bench.prompts import prompt_of_length
-    from extractor.engine import default_layer_ids
     from hsx import models
+    from hsx.extractor.engine import default_layer_ids
     from hsx.reference import HFReference
 
     path = models.prepare(names=["smollm2-135m-instruct"])["smollm2-135m-instruct"]

@@ -47,17 +47,17 @@ from typing import Any
 from bench.extraction import omp_threads
 from bench import section
 from bench.prompts import demo_token_ids
-from extractor.completion import CompletionReceiver
-from extractor.connector.kafka_settings import write_kafka_settings
-from extractor.engine import Engine, EngineOptions, default_layer_ids, engine_args
-from extractor.model_config import text_config
+from hsx.extractor.completion import CompletionReceiver
+from hsx.extractor.connector.kafka_settings import write_kafka_settings
+from hsx.extractor.engine import Engine, EngineOptions, default_layer_ids, engine_args
+from hsx.extractor.model_config import text_config
 from hsx import models
 from hsx.dev.topics import fresh_topic_settings
-from runtime.broker import dev_bootstrap
-from runtime.kafka import ensure_topics
-from runtime.settings import KafkaSettings
-from schemas import Generation, SourceRef
-from schemas.connector import ConnectorConfig, RequestParams, request_bytes_bound
+from hsx.runtime.broker import dev_bootstrap
+from hsx.runtime.kafka import ensure_topics
+from hsx.runtime.settings import KafkaSettings
+from hsx.schemas import Generation, SourceRef
+from hsx.schemas.connector import ConnectorConfig, RequestParams, request_bytes_bound
 
 MODEL = "smollm2-135m-instruct"
 SIDES = ["one_pass", "two_pass_cold", "two_pass_warm", "plain", "spec_only"]

@@ -37,8 +37,8 @@ from torch.utils.data import DataLoader
 
 from bench.sink_scale import standalone
 from hsx.dev.training_data import TrainingDataSpec, write_training_dataset
-from sink.shards import SHARDS
-from trainer import HsxDataset, PackedCollate
+from hsx.sink.shards import SHARDS
+from hsx.trainer import HsxDataset, PackedCollate
 
 TOTAL = 2048
 DEMO = TrainingDataSpec(samples=64, min_tokens=20, max_tokens=400, layer_ids=(2, 15, 27, 30), hidden_size=576,

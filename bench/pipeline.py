@@ -41,11 +41,11 @@ from hsx import models
 from hsx.dev.commands import extract_command, sink_command
 from hsx.dev.spawn import HsxService, cpu_engine_env
 from hsx.dev.topics import fresh_topics
-from producer.publisher import Mapping, Publisher
-from producer.sources import read_jsonl
-from runtime.broker import dev_bootstrap
-from runtime.kafka import RecordProducer
-from runtime.settings import KafkaSettings
+from hsx.producer.publisher import Mapping, Publisher
+from hsx.producer.sources import read_jsonl
+from hsx.runtime.broker import dev_bootstrap
+from hsx.runtime.kafka import RecordProducer
+from hsx.runtime.settings import KafkaSettings
 
 MODEL = "smollm2-135m-instruct"
 PIPELINE_LONG = [256, 384, 512, 768]

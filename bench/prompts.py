@@ -7,8 +7,8 @@ from typing import Any
 
 import orjson
 
-from extractor.prompts import PromptPreparer
-from schemas import PromptEvent
+from hsx.extractor.prompts import PromptPreparer
+from hsx.schemas import PromptEvent
 
 
 def demo_events() -> list[PromptEvent]:

@@ -40,9 +40,9 @@ from hsx.dev.commands import sink_command
 from hsx.dev.datasets import write_tiny_dataset
 from hsx.dev.spawn import HsxService
 from hsx.dev.topics import fresh_topics
-from runtime.broker import dev_bootstrap
-from runtime.settings import KafkaSettings, TopicSettings
-from sink.storage import LocalStorage
+from hsx.runtime.broker import dev_bootstrap
+from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.sink.storage import LocalStorage
 
 ROOT = Path(__file__).resolve().parent.parent
 PER_SHARD = 10_000

@@ -2,12 +2,12 @@
 on hsx's own functions with real SmolLM2 hidden states (float32, as the CPU
 engine produces them; the demo prompts' states repeated to the length):
 
-* ``gather``: :func:`extractor.connector.gather.gather_cpu` out of a paged cache of
+* ``gather``: :func:`hsx.extractor.connector.gather.gather_cpu` out of a paged cache of
   SmolLM2's shape (blocks in shuffled order, as a busy cache hands them out);
-* ``codec``: :func:`schemas.codec.encode_block` of every 1 MiB block, one thread;
-* ``sink_decode``: :func:`schemas.codec.decode_block` of those records (checksums
+* ``codec``: :func:`hsx.schemas.codec.encode_block` of every 1 MiB block, one thread;
+* ``sink_decode``: :func:`hsx.schemas.codec.decode_block` of those records (checksums
   included), what the sink does per record;
-* ``sink_write``: :func:`sink.shards.write_shard` of one sample (safetensors,
+* ``sink_write``: :func:`hsx.sink.shards.write_shard` of one sample (safetensors,
   fsync, rename, index) to a local directory.
 
 Prefill vs length is measured on the engines (``bench.extraction``).
@@ -27,13 +27,13 @@ from pathlib import Path
 import torch
 
 from bench import codec as codec_bench
-from extractor.connector.gather import gather_cpu
-from schemas import Codec, DType, Manifest, SourceRef
-from schemas.blocks import BlockRef
-from schemas.codec import decode_block, encode_block, read_header
-from sink.assembler import Sample
-from sink.shards import OpenShard, write_shard
-from sink.storage import LocalStorage
+from hsx.extractor.connector.gather import gather_cpu
+from hsx.schemas import Codec, DType, Manifest, SourceRef
+from hsx.schemas.blocks import BlockRef
+from hsx.schemas.codec import decode_block, encode_block, read_header
+from hsx.sink.assembler import Sample
+from hsx.sink.shards import OpenShard, write_shard
+from hsx.sink.storage import LocalStorage
 
 LENGTHS = [256, 512, 1024, 2048, 4096]
 BLOCK_SIZE = 128  # tokens per paged-cache block on vLLM's CPU backend

@@ -11,15 +11,15 @@ import asyncio
 import logging
 import uuid
 
-from extractor.completion import CompletionReceiver
-from extractor.engine import Engine
-from extractor import regeneration
-from extractor.prompts import PreparedPrompt
-from extractor.stats import ExtractorStats
-from runtime.errors import Rejection, ServiceFailed
-from runtime.logs import record_fields
-from schemas import ErrorClass, GeneratedTurn, PromptEvent, SourceRef
-from schemas.connector import RequestParams
+from hsx.extractor.completion import CompletionReceiver
+from hsx.extractor.engine import Engine
+from hsx.extractor import regeneration
+from hsx.extractor.prompts import PreparedPrompt
+from hsx.extractor.stats import ExtractorStats
+from hsx.runtime.errors import Rejection, ServiceFailed
+from hsx.runtime.logs import record_fields
+from hsx.schemas import ErrorClass, GeneratedTurn, PromptEvent, SourceRef
+from hsx.schemas.connector import RequestParams
 
 log = logging.getLogger(__name__)
 

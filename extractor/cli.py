@@ -11,17 +11,17 @@ from typing import Any, get_args
 import orjson
 import zstandard
 
-from extractor.engine import EngineOptions, default_layer_ids
-from extractor.model_config import text_config
-from extractor.options import ExtractorOptions
-from extractor.service import Extractor
-from runtime.checks import bounded, enum_value, integer, model_dir, number, writable_file
-from runtime.errors import UsageError
-from runtime.kafka.admin import add_connect_timeout, wait_for_cluster
-from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, from_args, overrides
-from runtime.logs import redact_secrets
-from schemas import Codec
-from schemas.connector import ConnectorConfig, WireDType, request_bytes_bound
+from hsx.extractor.engine import EngineOptions, default_layer_ids
+from hsx.extractor.model_config import text_config
+from hsx.extractor.options import ExtractorOptions
+from hsx.extractor.service import Extractor
+from hsx.runtime.checks import bounded, enum_value, integer, model_dir, number, writable_file
+from hsx.runtime.errors import UsageError
+from hsx.runtime.kafka.admin import add_connect_timeout, wait_for_cluster
+from hsx.runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, from_args, overrides
+from hsx.runtime.logs import redact_secrets
+from hsx.schemas import Codec
+from hsx.schemas.connector import ConnectorConfig, WireDType, request_bytes_bound
 
 _CONNECTOR = {name: field.default for name, field in ConnectorConfig.model_fields.items()}
 _SERVICE = ExtractorOptions()

@@ -19,7 +19,7 @@ import zmq
 import zmq.asyncio
 from pydantic import ValidationError
 
-from schemas.connector import CompletionReport
+from hsx.schemas.connector import CompletionReport
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from extractor.model_config import text_config
-from runtime.errors import UsageError
+from hsx.extractor.model_config import text_config
+from hsx.runtime.errors import UsageError
 
 log = logging.getLogger(__name__)
 

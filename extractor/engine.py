@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.errors import UsageError
-from schemas import Generation
-from schemas.connector import DISCARD_KEY, EXTRA_CONFIG_KEY, PARAMS_KEY, ConnectorConfig, RequestParams
+from hsx.runtime.errors import UsageError
+from hsx.schemas import Generation
+from hsx.schemas.connector import DISCARD_KEY, EXTRA_CONFIG_KEY, PARAMS_KEY, ConnectorConfig, RequestParams
 
 
 def default_layer_ids(num_hidden_layers: int) -> list[int]:
@@ -54,7 +54,7 @@ def engine_args(options: EngineOptions, connector: ConnectorConfig) -> Any:
         },
         kv_transfer_config={
             "kv_connector": "HsxConnector",
-            "kv_connector_module_path": "extractor.connector",
+            "kv_connector_module_path": "hsx.extractor.connector",
             "kv_role": "kv_producer",
             "kv_connector_extra_config": {EXTRA_CONFIG_KEY: connector.model_dump(mode="json")},
         },
@@ -76,7 +76,7 @@ class Engine:
         memory becomes a one-line :class:`UsageError` naming what to change."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from extractor.cpu_defaults import apply_cpu_defaults, explain_start_failure
+        from hsx.extractor.cpu_defaults import apply_cpu_defaults, explain_start_failure
 
         apply_cpu_defaults(options)
         try:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from extractor import regeneration
-from runtime.errors import Rejection
-from schemas import ErrorClass, Generation, Message, PromptEvent
+from hsx.extractor import regeneration
+from hsx.runtime.errors import Rejection
+from hsx.schemas import ErrorClass, Generation, Message, PromptEvent
 
 
 class PromptRejected(Rejection):
@@ -27,7 +27,7 @@ class PreparedPrompt:
     """Token ranges ``[start, end)`` of the assistant turns (chats only)."""
     followups: list[list[int]] = field(default_factory=list)
     """Turn-by-turn regeneration: the template tokens after each answer but the
-    last (see :mod:`extractor.regeneration`); empty for one answer or none."""
+    last (see :mod:`hsx.extractor.regeneration`); empty for one answer or none."""
 
 
 class PromptPreparer:

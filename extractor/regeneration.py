@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from schemas import Message
+from hsx.schemas import Message
 
 _SENTINEL = "\u2063HSX-ANSWER-{}\u2063"
 """Invisible separators around a marker no real chat contains."""

@@ -19,21 +19,21 @@ from pathlib import Path
 from confluent_kafka import Message
 from pydantic import ValidationError
 
-from extractor.attempts import Attempts
-from extractor.completion import CompletionReceiver
-from extractor.connector.kafka_settings import write_kafka_settings
-from extractor.engine import Engine, EngineOptions
-from extractor.model_config import text_config
-from extractor.options import ExtractorOptions
-from extractor.prompts import PromptPreparer, PromptRejected
-from extractor.stats import ExtractorStats
-from runtime.errors import ExitCode, Rejection, ServiceFailed
-from runtime.kafka import DeliveryFailed, RecordProducer, ensure_topics
-from runtime.kafka.dead_letters import DeadLetters
-from runtime.kafka.member import GroupMember
-from runtime.settings import KafkaSettings, TopicSettings
-from schemas import DEFAULT_LIMITS, ErrorClass, PromptEvent, PromptLimits, SourceRef, format_validation_error
-from schemas.connector import ConnectorConfig
+from hsx.extractor.attempts import Attempts
+from hsx.extractor.completion import CompletionReceiver
+from hsx.extractor.connector.kafka_settings import write_kafka_settings
+from hsx.extractor.engine import Engine, EngineOptions
+from hsx.extractor.model_config import text_config
+from hsx.extractor.options import ExtractorOptions
+from hsx.extractor.prompts import PromptPreparer, PromptRejected
+from hsx.extractor.stats import ExtractorStats
+from hsx.runtime.errors import ExitCode, Rejection, ServiceFailed
+from hsx.runtime.kafka import DeliveryFailed, RecordProducer, ensure_topics
+from hsx.runtime.kafka.dead_letters import DeadLetters
+from hsx.runtime.kafka.member import GroupMember
+from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.schemas import DEFAULT_LIMITS, ErrorClass, PromptEvent, PromptLimits, SourceRef, format_validation_error
+from hsx.schemas.connector import ConnectorConfig
 
 log = logging.getLogger(__name__)
 

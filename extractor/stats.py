@@ -1,4 +1,4 @@
-"""The extractor's one stats recorder (see :mod:`runtime.stats`)."""
+"""The extractor's one stats recorder (see :mod:`hsx.runtime.stats`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import ClassVar
 
 from prometheus_client import Gauge
 
-from runtime.stats import Recorder, counted
-from schemas.connector import CompletionReport
+from hsx.runtime.stats import Recorder, counted
+from hsx.schemas.connector import CompletionReport
 
 _IN_FLIGHT = Gauge("hsx_extractor_prompts_in_flight", "Prompts consumed but not finished")
 

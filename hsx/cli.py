@@ -12,20 +12,20 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from runtime.checks import integer, writable_dir
-from runtime.errors import ExitCode, HsxError, UsageError
-from runtime.logs import configure_logging
+from hsx.runtime.checks import integer, writable_dir
+from hsx.runtime.errors import ExitCode, HsxError, UsageError
+from hsx.runtime.logs import configure_logging
 
 log = logging.getLogger("hsx")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 # Each module has add_arguments(parser) and run(args) -> exit code.
 SERVICE_COMMANDS = [
-    ("produce", "publish prompts from a file (JSONL, JSON, Parquet, Arrow, datasets)", "producer.cli"),
-    ("extract", "consume prompts and extract hidden states with vLLM", "extractor.cli"),
-    ("sink", "write hidden-state blocks to a sharded safetensors dataset", "sink.cli"),
-    ("inspect", "summarize a dataset or one of its shards", "sink.inspect"),
-    ("export", "write a dataset in another trainer's layout (speculators)", "trainer.export"),
+    ("produce", "publish prompts from a file (JSONL, JSON, Parquet, Arrow, datasets)", "hsx.producer.cli"),
+    ("extract", "consume prompts and extract hidden states with vLLM", "hsx.extractor.cli"),
+    ("sink", "write hidden-state blocks to a sharded safetensors dataset", "hsx.sink.cli"),
+    ("inspect", "summarize a dataset or one of its shards", "hsx.sink.inspect"),
+    ("export", "write a dataset in another trainer's layout (speculators)", "hsx.trainer.export"),
     ("run", "the whole pipeline on one machine: your prompts in, a dataset out", "hsx.run"),
     ("demo", "run the whole pipeline on a small bundled prompt mix", "hsx.demo"),
 ]
@@ -40,7 +40,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _broker(args: argparse.Namespace) -> int:
-    from runtime.broker import EmbeddedBroker, check_listen
+    from hsx.runtime.broker import EmbeddedBroker, check_listen
 
     check_listen(args.host, args.port)
     stop = threading.Event()
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; an :class:`HsxError` becomes one log line and its exit code
-    (the table is :class:`runtime.errors.ExitCode`), Ctrl-C one line and 130, a
+    (the table is :class:`hsx.runtime.errors.ExitCode`), Ctrl-C one line and 130, a
     reader of stdout that went away (``hsx inspect ... | head``) a quiet 141."""
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)

@@ -24,13 +24,13 @@ from hsx import models
 from hsx.reference import HFReference, max_relative_error
 from hsx.run import RunPlan, run_pipeline, stopping_children_on_interrupt
 from hsx.summary import RunReport, render
-from producer.sources import read_jsonl
+from hsx.producer.sources import read_jsonl
 from hsx.dev.s3server import LocalS3, dev_s3
-from runtime.broker import dev_bootstrap
-from runtime.checks import writable_dir
-from runtime.errors import ExitCode, UsageError
-from sink.reader import open_dataset
-from sink.shards import DATASET_FOLDERS
+from hsx.runtime.broker import dev_bootstrap
+from hsx.runtime.checks import writable_dir
+from hsx.runtime.errors import ExitCode, UsageError
+from hsx.sink.reader import open_dataset
+from hsx.sink.shards import DATASET_FOLDERS
 
 DEMO_PROMPTS = "demo_prompts.jsonl"
 MODEL = "smollm2-135m-instruct"
@@ -93,7 +93,7 @@ def _empty(url: str) -> None:
     demo empties ``out/demo``."""
     import obstore
 
-    from sink.storage.s3 import S3Storage
+    from hsx.sink.storage.s3 import S3Storage
 
     store = S3Storage(url).store
     for batch in obstore.list(store):
@@ -132,5 +132,5 @@ def _check(report: RunReport, model_dir: Path) -> int:
     print(render(rows))
     ok = report.ok and len(dataset) == report.published.sent and error <= 1e-4
     print(f"[demo] {'OK' if ok else 'FAILED'}: dataset in {report.output}, "
-          f"read it with sink.reader.open_dataset('{report.output}')")
+          f"read it with hsx.sink.reader.open_dataset('{report.output}')")
     return ExitCode.OK if ok else ExitCode.FAILED

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer
 
-from runtime.kafka import ConsumerErrors, consumer_config
-from runtime.settings import KafkaSettings
-from schemas import DlqHeaders, ErrorClass, HiddenStatesReady, Topics
+from hsx.runtime.kafka import ConsumerErrors, consumer_config
+from hsx.runtime.settings import KafkaSettings
+from hsx.schemas import DlqHeaders, ErrorClass, HiddenStatesReady, Topics
 
 # A superseded attempt's leftovers are dead-lettered while another attempt of the
 # same request completes: they say nothing about the request's outcome.

@@ -29,27 +29,27 @@ from typing import get_args
 import psutil
 from tqdm import tqdm
 
-from extractor.cli import add_model_arguments, as_argv, model_and_layers
 from hsx.dev.commands import extract_command, sink_command
 from hsx.dev.spawn import HsxService
 from hsx.dev.topics import fresh_topic_settings
+from hsx.extractor.cli import add_model_arguments, as_argv, model_and_layers
 from hsx.ledger import Ledger, LedgerFeed
+from hsx.producer.cli import add_input_arguments, input_from_args
+from hsx.producer.publisher import InvalidPolicy, Mapping, Publisher, PublishSummary
+from hsx.producer.sources import SourceLine
+from hsx.runtime.broker import EmbeddedBroker
+from hsx.runtime.checks import bounded, model_dir, outside, writable_dir
+from hsx.runtime.errors import ExitCode
+from hsx.runtime.kafka import RecordProducer, ensure_topics
+from hsx.runtime.kafka.admin import ONE_SHOT_CONNECT_TIMEOUT, add_connect_timeout
+from hsx.runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings
+from hsx.schemas import Topics
+from hsx.schemas.connector import WireDType
+from hsx.schemas.dataset_codec import DatasetCodec
+from hsx.sink.reader import Dataset
+from hsx.sink.service import dataset_name
+from hsx.sink.storage import is_object_store, open_storage
 from hsx.summary import RunReport, render
-from producer.cli import add_input_arguments, input_from_args
-from producer.publisher import InvalidPolicy, Mapping, Publisher, PublishSummary
-from producer.sources import SourceLine
-from runtime.broker import EmbeddedBroker
-from runtime.checks import bounded, model_dir, outside, writable_dir
-from runtime.errors import ExitCode
-from runtime.kafka import RecordProducer, ensure_topics
-from runtime.kafka.admin import ONE_SHOT_CONNECT_TIMEOUT, add_connect_timeout
-from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings
-from schemas import Topics
-from schemas.connector import WireDType
-from schemas.dataset_codec import DatasetCodec
-from sink.reader import Dataset
-from sink.service import dataset_name
-from sink.storage import is_object_store, open_storage
 
 LOST_AFTER_SECONDS = 120.0
 """Once the extractor has finished every prompt, how long the ready events and

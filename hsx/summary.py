@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hsx.ledger import Ledger
-from producer.publisher import PublishSummary
-from sink.storage import open_storage
+from hsx.producer.publisher import PublishSummary
+from hsx.sink.storage import open_storage
 
 
 @dataclass

@@ -15,16 +15,16 @@ import orjson
 from pydantic import ValidationError
 from tqdm import tqdm
 
-from producer.inputs import SHUFFLE_BUFFER, InputKind, InputRows, InputSpec
-from producer.publisher import InvalidLine, InvalidPolicy, Mapping, Publisher, PublishSummary
-from producer.sources import DatasetFormat
-from runtime.checks import enum_value, integer
-from runtime.errors import ExitCode, UsageError
-from runtime.kafka import RecordProducer, ensure_topics
-from runtime.kafka.admin import ONE_SHOT_CONNECT_TIMEOUT, add_connect_timeout
-from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
-from runtime.logs import redact_secrets
-from schemas import Generation, format_validation_error
+from hsx.producer.inputs import SHUFFLE_BUFFER, InputKind, InputRows, InputSpec
+from hsx.producer.publisher import InvalidLine, InvalidPolicy, Mapping, Publisher, PublishSummary
+from hsx.producer.sources import DatasetFormat
+from hsx.runtime.checks import enum_value, integer
+from hsx.runtime.errors import ExitCode, UsageError
+from hsx.runtime.kafka import RecordProducer, ensure_topics
+from hsx.runtime.kafka.admin import ONE_SHOT_CONNECT_TIMEOUT, add_connect_timeout
+from hsx.runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
+from hsx.runtime.logs import redact_secrets
+from hsx.schemas import Generation, format_validation_error
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--generate", type=_generation, metavar="KEY=VALUE,...",
         help="let the verifier answer every prompt and capture prompt + answer, e.g. "
-        "max_tokens=512,temperature=0.7,seed=1 (schemas.Generation's fields; a row's own 'generation' wins)",
+        "max_tokens=512,temperature=0.7,seed=1 (hsx.schemas.Generation's fields; a row's own 'generation' wins)",
     )
     parser.add_argument("--turns", choices=["all", "last"],
                         help="with --generate, for chats: regenerate every assistant turn, or only the last")

@@ -1,5 +1,5 @@
 """Prompt inputs in the formats datasets come in, as one stream of
-:class:`~producer.sources.SourceLine` whatever the format.
+:class:`~hsx.producer.sources.SourceLine` whatever the format.
 
 Kinds (:class:`InputKind`) are told apart by the path: ``.jsonl``/``.ndjson``
 and ``-`` (standard input), ``.json`` (one array of rows, streamed with
@@ -27,9 +27,9 @@ from typing import IO
 
 import ijson
 
-from producer.sources import SourceLine, read_jsonl, record_line
-from producer.tables import HF_DISK_MARKERS, read_arrow, read_hf_disk, read_parquet
-from runtime.errors import UsageError
+from hsx.producer.sources import SourceLine, read_jsonl, record_line
+from hsx.producer.tables import HF_DISK_MARKERS, read_arrow, read_hf_disk, read_parquet
+from hsx.runtime.errors import UsageError
 
 SHUFFLE_BUFFER = 10_000
 """Rows held for ``--shuffle``: an input up to this size is shuffled uniformly;

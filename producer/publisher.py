@@ -11,11 +11,11 @@ from enum import Enum
 import orjson
 from pydantic import ValidationError
 
-from producer.sources import DatasetFormat, MappingError, SourceLine, to_event_dict
-from runtime.kafka import RecordProducer
-from runtime.kafka.dead_letters import DeadLetters
-from runtime.errors import Rejection
-from schemas import DEFAULT_LIMITS, ErrorClass, Generation, PromptEvent, PromptLimits, Topics, format_validation_error
+from hsx.producer.sources import DatasetFormat, MappingError, SourceLine, to_event_dict
+from hsx.runtime.kafka import RecordProducer
+from hsx.runtime.kafka.dead_letters import DeadLetters
+from hsx.runtime.errors import Rejection
+from hsx.schemas import DEFAULT_LIMITS, ErrorClass, Generation, PromptEvent, PromptLimits, Topics, format_validation_error
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class InvalidLine(Rejection):
 
 @dataclass(frozen=True)
 class Mapping:
-    """How input lines map onto prompt events (see :mod:`producer.sources`)."""
+    """How input lines map onto prompt events (see :mod:`hsx.producer.sources`)."""
 
     fmt: DatasetFormat = DatasetFormat.EVENT
     text_field: str = "text"

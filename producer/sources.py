@@ -1,7 +1,7 @@
 """Reading input files and mapping common dataset shapes onto prompt events.
 
 Mapping only reshapes; whether the result is a valid event is decided by
-``schemas.PromptEvent`` alone.
+``hsx.schemas.PromptEvent`` alone.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import IO, Any
 
 import orjson
 
-from runtime.errors import UsageError
+from hsx.runtime.errors import UsageError
 
 
 class DatasetFormat(str, Enum):

@@ -2,8 +2,8 @@
 ``datasets`` (``save_to_disk`` directories), batch by batch.
 
 Each reader is a context manager that opens and checks its input on entry (so
-a bad file is a :class:`~runtime.errors.UsageError` before anything is
-published) and yields an iterator of :class:`~producer.sources.SourceLine`.
+a bad file is a :class:`~hsx.runtime.errors.UsageError` before anything is
+published) and yields an iterator of :class:`~hsx.producer.sources.SourceLine`.
 Memory stays bounded by one batch: Parquet is read ``batch_rows`` rows at a
 time, Arrow files and ``datasets`` directories are memory-mapped and sliced.
 """
@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.ipc
 import pyarrow.parquet as pq
 
-from producer.sources import SourceLine, record_line
-from runtime.errors import UsageError
+from hsx.producer.sources import SourceLine, record_line
+from hsx.runtime.errors import UsageError
 
 BATCH_ROWS = 1024
 """Rows turned into Python objects at a time: small enough for long

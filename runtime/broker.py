@@ -22,8 +22,8 @@ from types import TracebackType
 
 from confluent_kafka.admin import AdminClient
 
-from runtime.errors import UsageError
-from runtime.kafka.errors import KafkaUnavailable
+from hsx.runtime.errors import UsageError
+from hsx.runtime.kafka.errors import KafkaUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import TypeVar
 import annotated_types
 from pydantic import BaseModel
 
-from runtime.errors import UsageError
+from hsx.runtime.errors import UsageError
 
 E = TypeVar("E", bound=Enum)
 

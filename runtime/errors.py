@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from schemas import ErrorClass
+from hsx.schemas import ErrorClass
 
 
 class ExitCode(IntEnum):

@@ -1,5 +1,5 @@
 """The operations endpoint every service serves: ``/healthz`` (the process is
-alive and not stuck: see :meth:`runtime.kafka.member.GroupMember` for what
+alive and not stuck: see :meth:`hsx.runtime.kafka.member.GroupMember` for what
 "stuck" means), ``/readyz`` (it can do its job) and ``/metrics`` (Prometheus text format,
 rendered by prometheus_client)."""
 

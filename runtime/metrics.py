@@ -31,7 +31,7 @@ def member_metrics(service: str) -> MemberMetrics:
 
 produced_records = Counter("hsx_produced_records", "Records produced, by delivery report outcome",
                            ["service", "topic", "outcome"])
-"""Every record hsx produces ends here once: ``acked`` or ``refused`` (see runtime.kafka.producer)."""
+"""Every record hsx produces ends here once: ``acked`` or ``refused`` (see hsx.runtime.kafka.producer)."""
 
 kafka_errors = Counter("hsx_kafka_client_errors", "Transient errors Kafka clients reported (they retry)",
                        ["client", "kind"])

@@ -10,7 +10,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field, SecretStr, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas import PromptLimits, Topics
+from hsx.schemas import PromptLimits, Topics
 
 T = TypeVar("T")
 

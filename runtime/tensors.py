@@ -1,6 +1,6 @@
-"""The one mapping between the wire's element types (``schemas.DType``) and torch's.
+"""The one mapping between the wire's element types (``hsx.schemas.DType``) and torch's.
 
-It lives here rather than in ``schemas`` because ``schemas`` stays free of torch:
+It lives here rather than in ``hsx.schemas`` because ``hsx.schemas`` stays free of torch:
 lightweight clients (producers, trainers' event readers) import the contracts
 without pulling in a tensor library. Only torch users import this module.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from schemas import DType
+from hsx.schemas import DType
 
 TORCH_DTYPES: dict[DType, torch.dtype] = {
     DType.FLOAT32: torch.float32,

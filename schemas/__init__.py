@@ -2,7 +2,7 @@
 codec. Nothing outside this package defines a field that crosses a process
 boundary."""
 
-from schemas.blocks import (
+from hsx.schemas.blocks import (
     BlockHeader,
     BlockRecordHeaders,
     BlockRef,
@@ -13,13 +13,13 @@ from schemas.blocks import (
     Segment,
     SourceRef,
 )
-from schemas.common import SCHEMA_VERSION, RequestId, StrictModel, format_validation_error
-from schemas.dlq import DlqHeaders, ErrorClass
-from schemas.generation import FinishReason, GeneratedTurn, Generation, GenerationRecord
-from schemas.limits import DEFAULT_LIMITS, PromptLimits
-from schemas.prompt import Message, PromptEvent, PromptKind
-from schemas.ready import HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
-from schemas.topics import Topics
+from hsx.schemas.common import SCHEMA_VERSION, RequestId, StrictModel, format_validation_error
+from hsx.schemas.dlq import DlqHeaders, ErrorClass
+from hsx.schemas.generation import FinishReason, GeneratedTurn, Generation, GenerationRecord
+from hsx.schemas.limits import DEFAULT_LIMITS, PromptLimits
+from hsx.schemas.prompt import Message, PromptEvent, PromptKind
+from hsx.schemas.ready import HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
+from hsx.schemas.topics import Topics
 
 __all__ = [
     "SCHEMA_VERSION",

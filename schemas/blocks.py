@@ -3,7 +3,7 @@ slices of a request's hidden states, then one JSON manifest per request attempt.
 
 Every record of one request is keyed by its ``request_id`` (so all land in one
 partition, in order) and carries :class:`BlockRecordHeaders` as Kafka headers.
-The binary layout of a block's value is defined by :mod:`schemas.codec`; its
+The binary layout of a block's value is defined by :mod:`hsx.schemas.codec`; its
 self-describing header is :class:`BlockHeader`.
 """
 
@@ -15,8 +15,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
-from schemas.common import SCHEMA_VERSION, Capture, NonNegativeInt, PositiveInt, RequestId, StrictModel, TokenId
-from schemas.generation import GenerationRecord
+from hsx.schemas.common import SCHEMA_VERSION, Capture, NonNegativeInt, PositiveInt, RequestId, StrictModel, TokenId
+from hsx.schemas.generation import GenerationRecord
 
 AttemptId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
 """One extraction attempt of one request (uuid4 hex). A retried request gets a new
@@ -46,7 +46,7 @@ class DType(str, Enum):
 
 Quantization = Literal["fp8"]
 """How a block of codec version 2 quantized its rows. ``fp8``: E4M3FN codes with
-one float32 scale per token and layer, ``amax / 448`` (:mod:`schemas.fp8`, which
+one float32 scale per token and layer, ``amax / 448`` (:mod:`hsx.schemas.fp8`, which
 documents the error bound)."""
 
 

@@ -11,7 +11,7 @@ zstd-compressed on its own: the sign/exponent bytes of bfloat16 hidden states ar
 highly repetitive and compress well once separated from the noisy mantissa bytes.
 A plane that would not shrink is stored raw. ``zstd`` (whole block) and ``none``
 remain for comparison. The header carries a CRC-32 of the raw bytes, checked on
-every decode. Codec version 2 blocks carry fp8 rows instead (:mod:`schemas.fp8_blocks`).
+every decode. Codec version 2 blocks carry fp8 rows instead (:mod:`hsx.schemas.fp8_blocks`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import orjson
 import zstandard
 from pydantic import BaseModel, ValidationError
 
-from schemas.blocks import BlockHeader, Codec, DType, Segment
+from hsx.schemas.blocks import BlockHeader, Codec, DType, Segment
 
 H = TypeVar("H", bound=BaseModel)
 

@@ -10,9 +10,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue, model_validator
 
-from schemas.blocks import AttemptId, Codec, SourceRef
-from schemas.common import Capture, NonNegativeInt, PositiveInt, RequestId, StrictModel
-from schemas.generation import GeneratedTurn, Generation
+from hsx.schemas.blocks import AttemptId, Codec, SourceRef
+from hsx.schemas.common import Capture, NonNegativeInt, PositiveInt, RequestId, StrictModel
+from hsx.schemas.generation import GeneratedTurn, Generation
 
 PARAMS_KEY = "hsx"
 """Key of :class:`RequestParams` inside a request's ``kv_transfer_params``."""
@@ -24,7 +24,7 @@ EXTRA_CONFIG_KEY = "hsx"
 WireDType = Literal["model", "fp8"]
 """What block records carry: the rows in the model's dtype, or ``fp8`` (E4M3FN
 codes and a float32 scale per token and layer, quantized on the device before
-the copy to the host; :mod:`schemas.fp8` documents the error bound)."""
+the copy to the host; :mod:`hsx.schemas.fp8` documents the error bound)."""
 
 
 class RequestParams(StrictModel):

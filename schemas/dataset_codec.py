@@ -3,18 +3,18 @@ be stored in a shard. These are pure functions, so the sink can call them to
 write and every reader can call them to read.
 
 * ``raw``: the little-endian bytes themselves. Any safetensors reader loads them.
-* ``byteplane-zstd``: one or more block records (:mod:`schemas.codec`) back to
+* ``byteplane-zstd``: one or more block records (:mod:`hsx.schemas.codec`) back to
   back. The sink can keep the records as they arrived, with no re-encode, because
   each record says how long it is. Lossless; each block's CRC-32 is checked on read.
 * ``fp8``: E4M3 codes with a float32 scale per token and layer
-  (:mod:`schemas.fp8`, which documents the error bound), framed as
+  (:mod:`hsx.schemas.fp8`, which documents the error bound), framed as
   ``b"HSX8" | u32 header length | JSON Fp8Header | scales | codes``.
 * ``fp8-zstd``: the same frame with each part zstd-compressed. Plain zstd, not
   byte planes: fp8 elements are one byte wide, and splitting them into nibble
   planes gained nothing per sample on SmolLM2 states (``bench.dataset_codecs``).
 
 fp8 frames carry a CRC-32 of the scales followed by the codes, so a damaged
-payload fails with :class:`~schemas.codec.CorruptBlock` and never turns into
+payload fails with :class:`~hsx.schemas.codec.CorruptBlock` and never turns into
 wrong numbers.
 """
 
@@ -27,8 +27,8 @@ import numpy as np
 from pydantic import Field
 from typing_extensions import Buffer
 
-from schemas.blocks import BlockHeader, Checksum, Codec, DType, Segment
-from schemas.codec import (
+from hsx.schemas.blocks import BlockHeader, Checksum, Codec, DType, Segment
+from hsx.schemas.codec import (
     MAGIC,
     CorruptBlock,
     checksum,
@@ -39,8 +39,8 @@ from schemas.codec import (
     read_frame,
     unpack_segment,
 )
-from schemas.common import PositiveInt, StrictModel
-from schemas.fp8 import from_fp8, narrow, to_fp8, widen
+from hsx.schemas.common import PositiveInt, StrictModel
+from hsx.schemas.fp8 import from_fp8, narrow, to_fp8, widen
 
 FP8_MAGIC = b"HSX8"
 FP8_ZSTD_LEVEL = 1
@@ -101,7 +101,7 @@ def encode_sample(raw: Buffer, *, shape: Shape, dtype: DType, codec: DatasetCode
 def encode_fp8_sample(codes: np.ndarray, scales: np.ndarray, *, dtype: DType, codec: DatasetCodec,
                       level: int | None = None) -> bytes:
     """An ``fp8`` or ``fp8-zstd`` sample of codes and scales quantized already
-    (:func:`schemas.fp8.to_fp8`, or fp8 block records as the connector sent
+    (:func:`hsx.schemas.fp8.to_fp8`, or fp8 block records as the connector sent
     them): the codes are stored as they are, never widened and quantized again."""
     codec = DatasetCodec(codec)
     if codec not in (DatasetCodec.FP8, DatasetCodec.FP8_ZSTD) or codes.dtype != np.uint8 or codes.ndim != 3 \
@@ -120,7 +120,7 @@ def encode_fp8_sample(codes: np.ndarray, scales: np.ndarray, *, dtype: DType, co
 def decode_sample(payload: Buffer, *, shape: Shape, dtype: DType, codec: DatasetCodec) -> bytes:
     """The raw little-endian bytes of ``dtype`` of a sample stored with ``codec``:
     the original bytes for the lossless codecs, dequantized values for fp8. Raises
-    :class:`~schemas.codec.CorruptBlock` when the payload is damaged or does not
+    :class:`~hsx.schemas.codec.CorruptBlock` when the payload is damaged or does not
     hold ``shape``."""
     codec = DatasetCodec(codec)
     if codec is DatasetCodec.RAW:

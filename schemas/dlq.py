@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from schemas.common import StrictModel
+from hsx.schemas.common import StrictModel
 
 MAX_MESSAGE_CHARS = 2_000
 _PREFIX = "hsx-"

@@ -12,7 +12,7 @@ almost exactly. That matters because the largest elements are the outlier
 channels that dominate a layer's norm. A power-of-two scale (exact, but up to one
 binade short of 448) had 1.9-3.7x the relative error per layer on SmolLM2. Every
 step is one correctly rounded IEEE operation in a fixed order, so numpy here and
-torch (``extractor.connector.fp8``, on CPU or CUDA) give the same codes and
+torch (``hsx.extractor.connector.fp8``, on CPU or CUDA) give the same codes and
 scales bit for bit; ``bench/gpu_check.py`` checks that on a GPU.
 
 **Error bound.** E4M3 keeps 3 mantissa bits. For a scaled value in the normal
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from schemas.blocks import DType
+from hsx.schemas.blocks import DType
 
 E4M3_MAX = 448.0
 """The largest finite E4M3FN value: ``1.75 * 2**8``."""

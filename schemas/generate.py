@@ -1,4 +1,4 @@
-"""Generate the committed JSON Schema files: ``python -m schemas.generate``.
+"""Generate the committed JSON Schema files: ``python -m hsx.schemas.generate``.
 
 A test regenerates them in memory and fails when the committed files drift."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import orjson
 from pydantic import BaseModel
 
-from schemas import BlockHeader, BlockRecordHeaders, DlqHeaders, HiddenStatesReady, Manifest, PromptEvent, ShardIndex
-from schemas.shard import TopicRecord
-from schemas.training import ExportMetadata, OnlineLoaderState
+from hsx.schemas import BlockHeader, BlockRecordHeaders, DlqHeaders, HiddenStatesReady, Manifest, PromptEvent, ShardIndex
+from hsx.schemas.shard import TopicRecord
+from hsx.schemas.training import ExportMetadata, OnlineLoaderState
 
 JSON_DIR = Path(__file__).parent / "json"
 MODELS: dict[str, type[BaseModel]] = {

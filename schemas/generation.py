@@ -12,8 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from schemas.common import NonNegativeInt, PositiveInt, StrictModel, TokenId
-from schemas.limits import limits_of
+from hsx.schemas.common import NonNegativeInt, PositiveInt, StrictModel, TokenId
+from hsx.schemas.limits import limits_of
 
 FinishReason = Literal["stop", "length"]
 

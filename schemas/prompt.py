@@ -19,9 +19,9 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from schemas.common import SCHEMA_VERSION, Capture, RequestId, StrictModel, TokenId
-from schemas.generation import Generation
-from schemas.limits import DEFAULT_LIMITS, limits_of as _limits
+from hsx.schemas.common import SCHEMA_VERSION, Capture, RequestId, StrictModel, TokenId
+from hsx.schemas.generation import Generation
+from hsx.schemas.limits import DEFAULT_LIMITS, limits_of as _limits
 
 Role = Literal["system", "user", "assistant", "tool"]
 PromptKind = Literal["prompt", "token_ids", "messages"]
@@ -64,7 +64,7 @@ class PromptEvent(StrictModel):
     messages: list[Message] | None = None
     metadata: dict[str, JsonValue] | None = None
     generation: Generation | None = None
-    """Let the verifier answer, and capture prompt + answer (see :mod:`schemas.generation`)."""
+    """Let the verifier answer, and capture prompt + answer (see :mod:`hsx.schemas.generation`)."""
     capture: Capture | None = None
     """``last``: store only the final input token's hidden states, ``[1, L, H]``;
     unset or ``all``: every input token's."""

@@ -9,10 +9,10 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, JsonValue
 
-from schemas.blocks import Checksum, DType, PositiveInt
-from schemas.dataset_codec import DatasetCodec
-from schemas.generation import GenerationRecord
-from schemas.common import SCHEMA_VERSION, Capture, NonNegativeInt, RequestId, StrictModel
+from hsx.schemas.blocks import Checksum, DType, PositiveInt
+from hsx.schemas.dataset_codec import DatasetCodec
+from hsx.schemas.generation import GenerationRecord
+from hsx.schemas.common import SCHEMA_VERSION, Capture, NonNegativeInt, RequestId, StrictModel
 
 
 def _relative_path(value: str) -> str:
@@ -57,7 +57,7 @@ class HiddenStatesReady(StrictModel):
     codec: DatasetCodec = DatasetCodec.RAW
     """How the shard stores ``tensors.hidden_states``: ``raw``, the ``[T, L, H]``
     tensor of ``dtype`` itself; any other codec, a 1-D uint8 tensor of the
-    encoded bytes (:mod:`schemas.dataset_codec`). Absent in events written before
+    encoded bytes (:mod:`hsx.schemas.dataset_codec`). Absent in events written before
     dataset codecs existed, which are all raw."""
     shape: tuple[PositiveInt, PositiveInt, PositiveInt] | None = None
     """The hidden states' ``[tokens, layers, hidden]``, which an encoded tensor no

@@ -1,5 +1,5 @@
 """The metadata in each shard's safetensors header, so a shard file describes
-itself without its index (``schemas.ShardIndex``, written beside it), and the
+itself without its index (``hsx.schemas.ShardIndex``, written beside it), and the
 dataset's record of the blocks topic it was written from (:class:`TopicRecord`)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Literal
 
 import orjson
 
-from schemas.blocks import DType, PositiveInt
-from schemas.common import SCHEMA_VERSION, NonNegativeInt, RequestId, StrictModel
-from schemas.dataset_codec import DatasetCodec
+from hsx.schemas.blocks import DType, PositiveInt
+from hsx.schemas.common import SCHEMA_VERSION, NonNegativeInt, RequestId, StrictModel
+from hsx.schemas.dataset_codec import DatasetCodec
 
 # safetensors metadata is a flat map of strings: these fields are stored as they
 # are, every other one as JSON, so any safetensors reader can parse each value.

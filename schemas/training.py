@@ -8,8 +8,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas.blocks import DType, PositiveInt
-from schemas.common import SCHEMA_VERSION, NonNegativeInt, StrictModel
+from hsx.schemas.blocks import DType, PositiveInt
+from hsx.schemas.common import SCHEMA_VERSION, NonNegativeInt, StrictModel
 
 LossMaskPolicy = Literal["all", "none"]
 """The loss mask of a sample stored without one (plain text, not a chat): train

@@ -1,3 +1,3 @@
 """Write hidden-state blocks into a sharded safetensors dataset, announce each
 durable sample on ``hidden_states.ready``, and read the dataset back
-(:func:`sink.reader.open_dataset`)."""
+(:func:`hsx.sink.reader.open_dataset`)."""

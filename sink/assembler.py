@@ -20,11 +20,11 @@ import numpy as np
 import orjson
 from pydantic import ValidationError
 
-from runtime.errors import Rejection
-from schemas import BlockRecordHeaders, ErrorClass, Manifest, RecordKind, format_validation_error
-from schemas.codec import CorruptBlock, decode_block
-from schemas.dataset_codec import DatasetCodec
-from schemas.fp8_blocks import fp8_rows
+from hsx.runtime.errors import Rejection
+from hsx.schemas import BlockRecordHeaders, ErrorClass, Manifest, RecordKind, format_validation_error
+from hsx.schemas.codec import CorruptBlock, decode_block
+from hsx.schemas.dataset_codec import DatasetCodec
+from hsx.schemas.fp8_blocks import fp8_rows
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Record:
 @dataclass
 class Sample:
     """A verified sample: its manifest and the raw bytes of ``[T, L, H]``, or,
-    once :func:`sink.encoding.encode` ran, the bytes its shard stores."""
+    once :func:`hsx.sink.encoding.encode` ran, the bytes its shard stores."""
 
     manifest: Manifest
     hidden_states: bytes
@@ -56,7 +56,7 @@ class Sample:
     fp8: tuple[np.ndarray, np.ndarray] | None = None
     """A sample sent as fp8 (its manifest's ``quantization``): its verified
     ``(codes [T, L, H] uint8, scales [T, L] float32)`` as the extractor sent them;
-    ``hidden_states`` is then empty until :func:`sink.encoding.encode` stores them."""
+    ``hidden_states`` is then empty until :func:`hsx.sink.encoding.encode` stores them."""
 
     @property
     def manifest_offset(self) -> int:

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import orjson
 
-from runtime.checks import integer, number, writable_dir, writable_file
-from runtime.kafka.admin import add_connect_timeout, wait_for_cluster
-from runtime.settings import KafkaSettings, TopicSettings, from_args, overrides
-from runtime.logs import redact_secrets
-from schemas.dataset_codec import DatasetCodec
-from sink.options import SinkOptions
-from sink.service import Sink
-from sink.storage import is_object_store, open_storage
-from sink.storage.s3 import MIN_PART_BYTES
+from hsx.runtime.checks import integer, number, writable_dir, writable_file
+from hsx.runtime.kafka.admin import add_connect_timeout, wait_for_cluster
+from hsx.runtime.settings import KafkaSettings, TopicSettings, from_args, overrides
+from hsx.runtime.logs import redact_secrets
+from hsx.schemas.dataset_codec import DatasetCodec
+from hsx.sink.options import SinkOptions
+from hsx.sink.service import Sink
+from hsx.sink.storage import is_object_store, open_storage
+from hsx.sink.storage.s3 import MIN_PART_BYTES
 
 _DEFAULTS = SinkOptions(output=".")
 

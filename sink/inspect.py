@@ -7,12 +7,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from runtime.checks import existing_dir
-from runtime.errors import UsageError
-from schemas import HiddenStatesReady
-from sink.reader import open_dataset
-from sink.shards import INDEX, SHARDS
-from sink.storage import is_object_store
+from hsx.runtime.checks import existing_dir
+from hsx.runtime.errors import UsageError
+from hsx.schemas import HiddenStatesReady
+from hsx.sink.reader import open_dataset
+from hsx.sink.shards import INDEX, SHARDS
+from hsx.sink.storage import is_object_store
 
 DATASET = "a dataset written by hsx sink"
 

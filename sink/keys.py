@@ -1,6 +1,6 @@
 """What one partition already holds, for dedupe, in 24 bytes a sample.
 
-On assignment the sink reads the partition's key files (``schemas.keys``): its
+On assignment the sink reads the partition's key files (``hsx.schemas.keys``): its
 roll-up, plus one small file per shard indexed since, and keeps them as three
 sorted numpy arrays. Nothing per sample is parsed; one read per file. A shard
 indexed before key files existed gets its key file built once, from its index
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from schemas import ShardIndex
-from schemas.keys import KEY_RECORD, decode_keys, encode_keys, request_key, token_key
-from sink.shards import INDEX, KEYS, partition_stems, stem_offset, stored_token_ids
-from sink.storage import Storage
+from hsx.schemas import ShardIndex
+from hsx.schemas.keys import KEY_RECORD, decode_keys, encode_keys, request_key, token_key
+from hsx.sink.shards import INDEX, KEYS, partition_stems, stem_offset, stored_token_ids
+from hsx.sink.storage import Storage
 
 log = logging.getLogger(__name__)
 

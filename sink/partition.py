@@ -8,15 +8,15 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from runtime.errors import HsxError
-from schemas import HiddenStatesReady, ShardIndex
-from schemas.keys import token_key
-from sink.assembler import Assembler
-from sink.keys import KeyIndex, load_keys
-from sink.shards import (
+from hsx.runtime.errors import HsxError
+from hsx.schemas import HiddenStatesReady, ShardIndex
+from hsx.schemas.keys import token_key
+from hsx.sink.assembler import Assembler
+from hsx.sink.keys import KeyIndex, load_keys
+from hsx.sink.shards import (
     INDEX, OpenShard, partition_prefix, partition_stems, prefixed_stem, remove_orphans, shard_keys,
 )
-from sink.storage import Storage
+from hsx.sink.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class PartitionState:
         """The partition as the dataset left it: a shard a crash left without an
         index is removed (its records are replayed), indexed samples are known.
         Costs a listing of the partition's index and key files and a read per key
-        file (see :mod:`sink.keys`), nothing per sample."""
+        file (see :mod:`hsx.sink.keys`), nothing per sample."""
         prefix = partition_prefix(topic, partition)
         indexed = partition_stems(storage, INDEX, prefix, ".json")
         for orphan in remove_orphans(storage, prefix, indexed[-1] if indexed else None):

@@ -6,7 +6,7 @@ holds the first copy. When the topic gains partitions, ids hash elsewhere and a
 retry of a stored request would be stored again. Rather than hold every
 partition's keys in every sink (memory that grows with the dataset, and still
 racing the sinks of other partitions), the dataset records the count on first
-use (``topics/<topic>.json``, :class:`schemas.shard.TopicRecord`) and the sink
+use (``topics/<topic>.json``, :class:`hsx.schemas.shard.TopicRecord`) and the sink
 refuses to run on a topic whose count differs.
 """
 
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from runtime.errors import HsxError
-from schemas.shard import TopicRecord
-from sink.shards import TOPICS, safe_name
-from sink.storage import Storage
+from hsx.runtime.errors import HsxError
+from hsx.schemas.shard import TopicRecord
+from hsx.sink.shards import TOPICS, safe_name
+from hsx.sink.storage import Storage
 
 
 class PartitionCountChanged(HsxError):

@@ -9,11 +9,11 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, KafkaException
 
-from runtime.kafka import DeliveryFailed, RecordProducer
-from runtime.kafka.commits import as_offsets, commit_watermarks
-from runtime.kafka.watermarks import TopicPartitionKey, Watermarks
-from runtime.settings import KafkaSettings
-from schemas import HiddenStatesReady
+from hsx.runtime.kafka import DeliveryFailed, RecordProducer
+from hsx.runtime.kafka.commits import as_offsets, commit_watermarks
+from hsx.runtime.kafka.watermarks import TopicPartitionKey, Watermarks
+from hsx.runtime.settings import KafkaSettings
+from hsx.schemas import HiddenStatesReady
 
 log = logging.getLogger(__name__)
 

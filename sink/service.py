@@ -16,25 +16,25 @@ from pathlib import Path
 
 from confluent_kafka import Message, Producer
 
-from runtime.errors import Rejection, ServiceFailed
-from runtime.kafka import DeliveryFailed, RecordProducer, ensure_topics
-from runtime.kafka.config import MAX_MESSAGE_BYTES
-from runtime.kafka.dead_letters import DeadLetters
-from runtime.kafka.member import GroupMember
-from runtime.kafka.watermarks import TopicPartitionKey
-from runtime.logs import record_fields
-from runtime.settings import KafkaSettings, TopicSettings
-from schemas import ErrorClass, HiddenStatesReady
-from sink.assembler import Record, Rejected, Sample
-from sink.encoding import encode
-from sink.memory import release_large_buffers_to_the_os
-from sink.options import SinkOptions
-from sink.partition import PartitionState
-from sink.partition_count import check_partition_count, refusal
-from sink.ready import ReadyPublisher
-from sink.shards import OpenShard, write_shard
-from sink.stats import SinkStats
-from sink.storage import Storage, StorageRefused, is_object_store, open_storage
+from hsx.runtime.errors import Rejection, ServiceFailed
+from hsx.runtime.kafka import DeliveryFailed, RecordProducer, ensure_topics
+from hsx.runtime.kafka.config import MAX_MESSAGE_BYTES
+from hsx.runtime.kafka.dead_letters import DeadLetters
+from hsx.runtime.kafka.member import GroupMember
+from hsx.runtime.kafka.watermarks import TopicPartitionKey
+from hsx.runtime.logs import record_fields
+from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.schemas import ErrorClass, HiddenStatesReady
+from hsx.sink.assembler import Record, Rejected, Sample
+from hsx.sink.encoding import encode
+from hsx.sink.memory import release_large_buffers_to_the_os
+from hsx.sink.options import SinkOptions
+from hsx.sink.partition import PartitionState
+from hsx.sink.partition_count import check_partition_count, refusal
+from hsx.sink.ready import ReadyPublisher
+from hsx.sink.shards import OpenShard, write_shard
+from hsx.sink.stats import SinkStats
+from hsx.sink.storage import Storage, StorageRefused, is_object_store, open_storage
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Sink:
 
     def run(self) -> SinkStats:
         """Run until stopped (SIGTERM/SIGINT, idle timeout); flush, commit, leave.
-        Raises :class:`~sink.partition_count.PartitionCountChanged` before joining the group when the
+        Raises :class:`~hsx.sink.partition_count.PartitionCountChanged` before joining the group when the
         blocks topic's partition count is not the dataset's, :class:`ServiceFailed`
         when it had to stop early."""
         release_large_buffers_to_the_os()
@@ -112,7 +112,7 @@ class Sink:
     def _check_partition_count(self, producer: Producer) -> None:
         """Refuse (before joining the group) a blocks topic whose partition count
         is not the dataset's; record it in a new dataset (see
-        :mod:`sink.partition_count`)."""
+        :mod:`hsx.sink.partition_count`)."""
         topic = self.topics.blocks
         partitions = len(producer.list_topics(topic, timeout=30).topics[topic].partitions)
         if not partitions:  # ensure_topics saw it: metadata without partitions is the broker's fault

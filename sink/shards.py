@@ -3,9 +3,9 @@
 Layout of a dataset directory::
 
     shards/<topic>-<partition>-<first offset>.safetensors   # tensors <request_id>/hidden_states, /token_ids, /loss_mask
-                                                             # (hidden_states encoded per sink.encoding)
-    keys/<same name>.keys                                    # schemas.keys: the samples' dedupe keys
-    index/<same name>.json                                   # schemas.ShardIndex: the ready event of every sample
+                                                             # (hidden_states encoded per hsx.sink.encoding)
+    keys/<same name>.keys                                    # hsx.schemas.keys: the samples' dedupe keys
+    index/<same name>.json                                   # hsx.schemas.ShardIndex: the ready event of every sample
 
 Written in that order, each durably: the index is what makes a shard part of the
 dataset, so a crash leaves at most a shard and its keys without an index, past
@@ -28,14 +28,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from schemas import HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
-from schemas.codec import checksum
-from schemas.keys import KEY_RECORD, encode_keys, request_key, token_key
-from schemas.shard import ShardMetadata
-from sink.assembler import Sample
-from sink.encoding import stored_tensor
-from sink.safetensors_io import open_shard, write_safetensors
-from sink.storage import Storage
+from hsx.schemas import HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
+from hsx.schemas.codec import checksum
+from hsx.schemas.keys import KEY_RECORD, encode_keys, request_key, token_key
+from hsx.schemas.shard import ShardMetadata
+from hsx.sink.assembler import Sample
+from hsx.sink.encoding import stored_tensor
+from hsx.sink.safetensors_io import open_shard, write_safetensors
+from hsx.sink.storage import Storage
 
 SHARDS = "shards"
 INDEX = "index"
@@ -141,7 +141,7 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
 
 
 def shard_keys(shard: OpenShard) -> np.ndarray:
-    """The dedupe keys of the shard's samples (see :mod:`schemas.keys`)."""
+    """The dedupe keys of the shard's samples (see :mod:`hsx.schemas.keys`)."""
     first = shard.samples[0].manifest_offset
     return np.array([(request_key(s.manifest.request_id), token_key(s.manifest.token_ids), first)
                      for s in shard.samples], dtype=KEY_RECORD)

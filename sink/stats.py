@@ -1,4 +1,4 @@
-"""The sink's one stats recorder (see :mod:`runtime.stats`)."""
+"""The sink's one stats recorder (see :mod:`hsx.runtime.stats`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import ClassVar
 
 from prometheus_client import Gauge
 
-from runtime.stats import Recorder, counted
-from sink.assembler import Sample
+from hsx.runtime.stats import Recorder, counted
+from hsx.sink.assembler import Sample
 
 _BUFFERED_BYTES = Gauge("hsx_sink_buffered_bytes", "Bytes held in memory (pending blocks + open shards)")
 _KNOWN_SAMPLES = Gauge("hsx_sink_known_samples", "Samples of the assigned partitions already in the dataset (dedupe keys held)")

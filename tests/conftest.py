@@ -16,8 +16,8 @@ import pytest
 from hsx.dev.s3server import dev_s3
 from hsx.dev.s3service import AWS_ENV_OVERRIDDEN, S3Service
 from hsx.dev.topics import fresh_topic_settings
-from runtime.broker import dev_bootstrap
-from runtime.settings import KafkaSettings, TopicSettings
+from hsx.runtime.broker import dev_bootstrap
+from hsx.runtime.settings import KafkaSettings, TopicSettings
 
 
 @pytest.fixture(scope="session")

@@ -12,10 +12,10 @@ from confluent_kafka import Message
 
 from hsx.dev.commands import extract_command
 from hsx.dev.spawn import HsxService
-from runtime.settings import TopicSettings
-from runtime.tensors import TORCH_DTYPES
-from schemas import Manifest
-from sink.assembler import Assembler, Record, Rejected
+from hsx.runtime.settings import TopicSettings
+from hsx.runtime.tensors import TORCH_DTYPES
+from hsx.schemas import Manifest
+from hsx.sink.assembler import Assembler, Record, Rejected
 
 
 def run_extractor(bootstrap: str, topics: TopicSettings, group: str, model: Path, log_path: Path, *extra: str,

@@ -1,4 +1,4 @@
-"""Batches from :class:`~trainer.samples.TrainingSample` lists.
+"""Batches from :class:`~hsx.trainer.samples.TrainingSample` lists.
 
 :class:`PackedCollate` is the layout speculators' EAGLE-3 trainer takes (its
 ``CollateFn``): samples packed one after another into one row of
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from trainer.samples import TrainingSample
+from hsx.trainer.samples import TrainingSample
 
 
 def _buffer(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The worker side of :class:`trainer.online.ReadyStream`: one Kafka consumer per
+"""The worker side of :class:`hsx.trainer.online.ReadyStream`: one Kafka consumer per
 DataLoader worker, assigned its own share of the partitions, resolving each
 ready event to its sample through a bounded shuffle buffer."""
 
@@ -13,14 +13,14 @@ import torch
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from pydantic import ValidationError
 
-from runtime.kafka import ConsumerErrors, consumer_config
-from runtime.recent import RecentKeys
-from runtime.settings import KafkaSettings
-from schemas import HiddenStatesReady, format_validation_error
-from schemas.training import LossMaskPolicy
-from sink.reader import ShardHandles
-from trainer.offsets import Position, Progress
-from trainer.samples import LayerLayout, TrainingSample, check_trainable, choose_layers, loss_mask, read_sample
+from hsx.runtime.kafka import ConsumerErrors, consumer_config
+from hsx.runtime.recent import RecentKeys
+from hsx.runtime.settings import KafkaSettings
+from hsx.schemas import HiddenStatesReady, format_validation_error
+from hsx.schemas.training import LossMaskPolicy
+from hsx.sink.reader import ShardHandles
+from hsx.trainer.offsets import Position, Progress
+from hsx.trainer.samples import LayerLayout, TrainingSample, check_trainable, choose_layers, loss_mask, read_sample
 
 METADATA_TIMEOUT_S = 30.0
 

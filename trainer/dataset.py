@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 import torch.utils.data
 
-from schemas import HiddenStatesReady
-from schemas.training import LossMaskPolicy
-from sink.reader import open_dataset
-from trainer.samples import LayerLayout, TrainingSample, check_trainable, choose_layers, loss_mask, read_sample
+from hsx.schemas import HiddenStatesReady
+from hsx.schemas.training import LossMaskPolicy
+from hsx.sink.reader import open_dataset
+from hsx.trainer.samples import LayerLayout, TrainingSample, check_trainable, choose_layers, loss_mask, read_sample
 
 
 class HsxDataset(torch.utils.data.Dataset[TrainingSample]):

@@ -4,7 +4,7 @@ EAGLE-3 trainer (0.5+, checked against 0.9.0)::
     OUT/                                     Arrow dataset (datasets.save_to_disk): input_ids, loss_mask, seq_len
     OUT/hidden_states/hs_<row>.safetensors   {"hidden_states": [T, L, H], "token_ids": int64 [T]}
     OUT/token_freq.pt                        {token id: count} of the tokens under loss_mask == 1
-    OUT/hsx_export.json                      schemas.training.ExportMetadata: model, layer ids per slot, ...
+    OUT/hsx_export.json                      hsx.schemas.training.ExportMetadata: model, layer ids per slot, ...
 
 The trainer feeds slots ``0..L-2`` to its fusion layer and uses slot ``L-1`` as
 the verifier's last hidden state (it applies the final norm itself), so the last
@@ -32,14 +32,14 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from runtime.checks import existing_dir, new_dir, outside
-from runtime.errors import UsageError
-from schemas.training import ExportMetadata, LossMaskPolicy
-from sink.inspect import DATASET
-from sink.shards import INDEX
-from sink.storage import is_object_store
-from trainer.dataset import HsxDataset
-from trainer.samples import layer_list
+from hsx.runtime.checks import existing_dir, new_dir, outside
+from hsx.runtime.errors import UsageError
+from hsx.schemas.training import ExportMetadata, LossMaskPolicy
+from hsx.sink.inspect import DATASET
+from hsx.sink.shards import INDEX
+from hsx.sink.storage import is_object_store
+from hsx.trainer.dataset import HsxDataset
+from hsx.trainer.samples import layer_list
 
 METADATA = "hsx_export.json"
 TOKEN_FREQ = "token_freq.pt"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import TopicPartition
 
-from schemas.training import OnlineLoaderState, PartitionPosition
+from hsx.schemas.training import OnlineLoaderState, PartitionPosition
 
 
 @dataclass(frozen=True)

@@ -52,16 +52,16 @@ import torch.utils.data
 from confluent_kafka import Consumer, KafkaException
 from pydantic import ValidationError
 
-from runtime.kafka import consumer_config
-from runtime.settings import KafkaSettings
-from schemas import format_validation_error
-from schemas.topics import READY
-from schemas.training import LossMaskPolicy, OnlineLoaderState
-from sink.reader import ShardHandles
-from sink.storage import open_storage
-from trainer.consume import ConsumeOptions, consume
-from trainer.offsets import Position, Progress
-from trainer.samples import TrainingSample
+from hsx.runtime.kafka import consumer_config
+from hsx.runtime.settings import KafkaSettings
+from hsx.schemas import format_validation_error
+from hsx.schemas.topics import READY
+from hsx.schemas.training import LossMaskPolicy, OnlineLoaderState
+from hsx.sink.reader import ShardHandles
+from hsx.sink.storage import open_storage
+from hsx.trainer.consume import ConsumeOptions, consume
+from hsx.trainer.offsets import Position, Progress
+from hsx.trainer.samples import TrainingSample
 
 
 def _rank() -> tuple[int, int]:
@@ -77,7 +77,7 @@ class ReadyStream(torch.utils.data.IterableDataset[TrainingSample]):
     ``WORLD_SIZE``. An epoch ends after ``idle_timeout`` seconds without a
     record, or with ``until_end`` once it has caught up with every partition's
     end; else it follows the topic forever. ``layers``, ``loss_mask``: as
-    :class:`trainer.dataset.HsxDataset`.
+    :class:`hsx.trainer.dataset.HsxDataset`.
     """
 
     def __init__(self, bootstrap: str, dataset: str | Path, group_id: str, *, topic: str = READY,

@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from schemas import HiddenStatesReady
-from schemas.dataset_codec import DatasetCodec
-from schemas.training import LossMaskPolicy
-from sink.encoding import read_hidden_states
-from sink.safetensors_io import prefetch
+from hsx.schemas import HiddenStatesReady
+from hsx.schemas.dataset_codec import DatasetCodec
+from hsx.schemas.training import LossMaskPolicy
+from hsx.sink.encoding import read_hidden_states
+from hsx.sink.safetensors_io import prefetch
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class TrainingSample:
     loss_mask: torch.Tensor
     """``[T]`` int64 (what speculators' Arrow rows hold)."""
     position: Any = None
-    """Online: where the sample's ready event lies in Kafka (``trainer.offsets.Position``)."""
+    """Online: where the sample's ready event lies in Kafka (``hsx.trainer.offsets.Position``)."""
 
     @property
     def num_tokens(self) -> int:

@@ -1,4 +1,4 @@
-"""The hsx KV connector, loaded by vLLM via ``kv_connector_module_path="extractor.connector"``.
+"""The hsx KV connector, loaded by vLLM via ``kv_connector_module_path="hsx.extractor.connector"``.
 
 ``HsxConnector`` is imported on first access (vLLM's factory does
 ``getattr(module, "HsxConnector")``), so that the torch-only modules of this
@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from extractor.connector.connector import HsxConnector
+    from hsx.extractor.connector.connector import HsxConnector
 
 __all__ = ["HsxConnector"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "HsxConnector":
-        from extractor.connector.connector import HsxConnector
+        from hsx.extractor.connector.connector import HsxConnector
 
         return HsxConnector
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

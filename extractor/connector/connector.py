@@ -15,9 +15,9 @@ vLLM creates one instance per role, in different processes:
   vLLM frees their blocks only then.
 
 Loaded by vLLM through ``kv_transfer_config={"kv_connector": "HsxConnector",
-"kv_connector_module_path": "extractor.connector", "kv_role": "kv_producer",
+"kv_connector_module_path": "hsx.extractor.connector", "kv_role": "kv_producer",
 "kv_connector_extra_config": {"hsx": ConnectorConfig(...)}}``. The Kafka settings
-come from the file the config names (:mod:`extractor.connector.kafka_settings`),
+come from the file the config names (:mod:`hsx.extractor.connector.kafka_settings`),
 never from the environment the engine processes inherit.
 """
 
@@ -36,12 +36,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-from extractor.completion import CompletionSender
-from extractor.connector.gather import CudaGatherer, Gathered, gather_cpu
-from extractor.connector.kafka_settings import read_kafka_settings
-from extractor.connector.metadata import GeneratedTail, HsxConnectorMetadata, SendJob
-from extractor.connector.sender import BlockSender
-from schemas.connector import DISCARD_KEY, EXTRA_CONFIG_KEY, PARAMS_KEY, ConnectorConfig
+from hsx.extractor.completion import CompletionSender
+from hsx.extractor.connector.gather import CudaGatherer, Gathered, gather_cpu
+from hsx.extractor.connector.kafka_settings import read_kafka_settings
+from hsx.extractor.connector.metadata import GeneratedTail, HsxConnectorMetadata, SendJob
+from hsx.extractor.connector.sender import BlockSender
+from hsx.schemas.connector import DISCARD_KEY, EXTRA_CONFIG_KEY, PARAMS_KEY, ConnectorConfig
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks

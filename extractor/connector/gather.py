@@ -5,7 +5,7 @@ request lives in block ``block_ids[t // block_size]`` at slot ``t % block_size``
 One advanced-indexing op gathers ``[num_tokens, num_layers, hidden]`` (the two
 indices are separated by a slice, so the indexed dimension comes first).
 
-Only torch is imported (and :mod:`extractor.connector.fp8`), so this module runs
+Only torch is imported (and :mod:`hsx.extractor.connector.fp8`), so this module runs
 where vLLM is absent: ``bench/gpu_check.py`` checks it on a bare GPU host.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from extractor.connector.fp8 import quantize
+from hsx.extractor.connector.fp8 import quantize
 
 
 def gather_index(block_ids: list[int], num_tokens: int, block_size: int,
@@ -39,7 +39,7 @@ class Gathered:
     release: Callable[[], None] | None = None
     """Pinned buffer to give back to its pool once the bytes are encoded."""
     scales: torch.Tensor | None = None
-    """fp8 only: the ``[num_tokens, num_layers]`` float32 scales (``schemas.fp8``)."""
+    """fp8 only: the ``[num_tokens, num_layers]`` float32 scales (``hsx.schemas.fp8``)."""
     dtype: torch.dtype | None = None
     """The cache's dtype, which fp8 codes dequantize to; ``tensor.dtype`` when unset."""
 
@@ -105,7 +105,7 @@ class CudaGatherer:
     sender thread waits on; the engine's own stream never waits for us.
 
     With ``fp8=True`` the rows are quantized on the device before the copy
-    (:func:`extractor.connector.fp8.quantize`), which halves the bytes over PCIe
+    (:func:`hsx.extractor.connector.fp8.quantize`), which halves the bytes over PCIe
     for bf16 caches; the codes and scales land in pinned buffers of their own."""
 
     def __init__(self, cache: torch.Tensor) -> None:

@@ -1,6 +1,6 @@
 """How the connector gets the extractor's Kafka settings: a JSON file the
 extractor writes (mode 0600, in its private temp directory) and whose path it
-passes in :class:`~schemas.connector.ConnectorConfig`.
+passes in :class:`~hsx.schemas.connector.ConnectorConfig`.
 
 Not the configuration itself: vLLM logs ``kv_connector_extra_config``, and the
 settings hold secrets. Not the environment either: the connector must use exactly
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from runtime.settings import KafkaSettings
+from hsx.runtime.settings import KafkaSettings
 
 FILE_NAME = "kafka-settings.json"
 

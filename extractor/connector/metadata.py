@@ -7,8 +7,8 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
-from schemas import GeneratedTurn, GenerationRecord
-from schemas.connector import RequestParams
+from hsx.schemas import GeneratedTurn, GenerationRecord
+from hsx.schemas.connector import RequestParams
 
 
 @dataclass
@@ -22,7 +22,7 @@ class SendJob:
     """The request's blocks in the hidden-state cache group, in token order."""
     token_ids: list[int]
     params: dict[str, Any]
-    """``schemas.connector.RequestParams`` as a dict (validated on the worker)."""
+    """``hsx.schemas.connector.RequestParams`` as a dict (validated on the worker)."""
     answer: GeneratedTail | None = None
     """Set when the request generated (``token_ids`` then end before its final token)."""
     first_row: int = 0
@@ -42,7 +42,7 @@ class GeneratedTail:
     prompt_tokens: int
     final_token_id: int
     finish_reason: str
-    """``stop`` or ``length`` (``schemas.FinishReason``)."""
+    """``stop`` or ``length`` (``hsx.schemas.FinishReason``)."""
 
 
 @dataclass

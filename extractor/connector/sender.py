@@ -35,16 +35,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from extractor.completion import CompletionSender
-from extractor.connector.gather import Gathered
-from extractor.connector.metadata import SendJob, answer_fields
-from runtime.kafka import DeliveryFailed, RecordProducer
-from runtime.settings import KafkaSettings
-from runtime.tensors import WIRE_DTYPES
-from schemas import BlockRecordHeaders, BlockRef, Manifest, RecordKind
-from schemas.codec import encode_block, read_header
-from schemas.fp8_blocks import encode_fp8_block
-from schemas.connector import CompletionReport, ConnectorConfig, RequestParams
+from hsx.extractor.completion import CompletionSender
+from hsx.extractor.connector.gather import Gathered
+from hsx.extractor.connector.metadata import SendJob, answer_fields
+from hsx.runtime.kafka import DeliveryFailed, RecordProducer
+from hsx.runtime.settings import KafkaSettings
+from hsx.runtime.tensors import WIRE_DTYPES
+from hsx.schemas import BlockRecordHeaders, BlockRef, Manifest, RecordKind
+from hsx.schemas.codec import encode_block, read_header
+from hsx.schemas.fp8_blocks import encode_fp8_block
+from hsx.schemas.connector import CompletionReport, ConnectorConfig, RequestParams
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.settings import TopicSettings
+from hsx.runtime.settings import TopicSettings
 
 SESSION_TIMEOUT_MS = 6000
 

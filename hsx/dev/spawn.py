@@ -24,7 +24,7 @@ import orjson
 import psutil
 
 from hsx.dev.scrape import get, metric, metric_sum
-from runtime.broker import free_port
+from hsx.runtime.broker import free_port
 
 
 def cpu_engine_env(**overrides: str) -> dict[str, str]:
@@ -32,7 +32,7 @@ def cpu_engine_env(**overrides: str) -> dict[str, str]:
     process's, without the hub; ``overrides`` last (e.g.
     ``VLLM_CPU_OMP_THREADS_BIND="0"``). The extractor picks the CPU engine's KV cache
     and thread binding itself where these leave them unset
-    (:mod:`extractor.cpu_defaults`)."""
+    (:mod:`hsx.extractor.cpu_defaults`)."""
     env = dict(os.environ)
     env["HF_HUB_OFFLINE"] = "1"
     env.update(overrides)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import asdict
 
-from runtime.kafka import ensure_topics
-from runtime.settings import KafkaSettings, TopicSettings
-from schemas import Topics
+from hsx.runtime.kafka import ensure_topics
+from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.schemas import Topics
 
 
 def fresh_topic_settings(prefix: str = "", partitions: int = 2) -> TopicSettings:

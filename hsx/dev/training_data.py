@@ -1,5 +1,5 @@
 """Training datasets built without an engine, through the sink's own write path
-(:func:`sink.shards.write_shard`, the same tensors, index and ready events an
+(:func:`hsx.sink.shards.write_shard`, the same tensors, index and ready events an
 engine run gives): for the trainer tests and the loader benchmark.
 
 Samples alternate between chats (a loss mask on their second half), plain texts
@@ -14,14 +14,14 @@ from pathlib import Path
 
 import torch
 
-from runtime.tensors import TORCH_DTYPES
-from schemas import BlockRef, Codec, DType, HiddenStatesReady, Manifest, SourceRef
-from schemas.codec import checksum
-from schemas.dataset_codec import DatasetCodec
-from sink.assembler import Sample
-from sink.encoding import encode
-from sink.shards import OpenShard, write_shard
-from sink.storage import LocalStorage, Storage
+from hsx.runtime.tensors import TORCH_DTYPES
+from hsx.schemas import BlockRef, Codec, DType, HiddenStatesReady, Manifest, SourceRef
+from hsx.schemas.codec import checksum
+from hsx.schemas.dataset_codec import DatasetCodec
+from hsx.sink.assembler import Sample
+from hsx.sink.encoding import encode
+from hsx.sink.shards import OpenShard, write_shard
+from hsx.sink.storage import LocalStorage, Storage
 
 
 @dataclass

@@ -2,10 +2,10 @@
 producer wrapper (every record accounted for by its delivery report) and the
 one consumer error policy."""
 
-from runtime.kafka.admin import ensure_topics
-from runtime.kafka.config import client_config, consumer_config, producer_config
-from runtime.kafka.errors import ConsumerErrors, DeliveryFailed, KafkaFatal, KafkaUnavailable
-from runtime.kafka.producer import RecordProducer, make_producer
+from hsx.runtime.kafka.admin import ensure_topics
+from hsx.runtime.kafka.config import client_config, consumer_config, producer_config
+from hsx.runtime.kafka.errors import ConsumerErrors, DeliveryFailed, KafkaFatal, KafkaUnavailable
+from hsx.runtime.kafka.producer import RecordProducer, make_producer
 
 __all__ = [
     "ConsumerErrors",

@@ -11,10 +11,10 @@ from collections.abc import Iterable
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from runtime.checks import number
-from runtime.kafka.config import client_config
-from runtime.kafka.errors import KafkaUnavailable
-from runtime.settings import KafkaSettings, TopicSettings
+from hsx.runtime.checks import number
+from hsx.runtime.kafka.config import client_config
+from hsx.runtime.kafka.errors import KafkaUnavailable
+from hsx.runtime.settings import KafkaSettings, TopicSettings
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import logging
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from runtime.kafka.watermarks import TopicPartitionKey, Watermarks
-from runtime.metrics import commit_failures
+from hsx.runtime.kafka.watermarks import TopicPartitionKey, Watermarks
+from hsx.runtime.metrics import commit_failures
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from runtime.settings import KafkaSettings
+from hsx.runtime.settings import KafkaSettings
 
 _RDKAFKA_LOG = logging.getLogger("hsx.rdkafka")
 

@@ -3,7 +3,7 @@ input through :class:`DeadLetters`.
 
 Failure policy: a dead letter that Kafka refuses (librdkafka has already retried
 it for ``delivery.timeout.ms``, 5 minutes) is fatal, like every refused record
-(see :class:`~runtime.kafka.producer.RecordProducer`). The record behind it must
+(see :class:`~hsx.runtime.kafka.producer.RecordProducer`). The record behind it must
 not be committed (it would be lost), and a service that keeps running with it
 uncommitted stalls its partition without saying so. So the service is told at
 once (the producer's ``on_refused``), stops, and exits 1 without committing past
@@ -15,17 +15,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from runtime.errors import Rejection
-from runtime.kafka.producer import RecordProducer
-from runtime.logs import record_fields, redact
-from schemas import DlqHeaders
+from hsx.runtime.errors import Rejection
+from hsx.runtime.kafka.producer import RecordProducer
+from hsx.runtime.logs import record_fields, redact
+from hsx.schemas import DlqHeaders
 
 log = logging.getLogger(__name__)
 
 
 class DeadLetters:
     """Publishes the original bytes of rejected input, untouched, with
-    :class:`~schemas.DlqHeaders` saying what was wrong and where it came from."""
+    :class:`~hsx.schemas.DlqHeaders` saying what was wrong and where it came from."""
 
     def __init__(self, producer: RecordProducer, service: str) -> None:
         self.producer = producer

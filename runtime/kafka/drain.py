@@ -8,8 +8,8 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaException, Message
 
-from runtime.kafka.config import consumer_config
-from runtime.settings import KafkaSettings
+from hsx.runtime.kafka.config import consumer_config
+from hsx.runtime.settings import KafkaSettings
 
 
 def drain(kafka: KafkaSettings, topic: str, expected: int, timeout: float = 60.0, settle: float = 1.0) -> list[Message]:

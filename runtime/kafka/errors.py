@@ -7,8 +7,8 @@ from collections import Counter
 
 from confluent_kafka import KafkaError
 
-from runtime.errors import ExitCode, HsxError
-from runtime.metrics import kafka_errors
+from hsx.runtime.errors import ExitCode, HsxError
+from hsx.runtime.metrics import kafka_errors
 
 log = logging.getLogger(__name__)
 

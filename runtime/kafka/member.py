@@ -23,14 +23,14 @@ from typing import Any, Protocol
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
-from runtime.errors import ServiceFailed
-from runtime.health import HealthServer
-from runtime.kafka.commits import commit_watermarks, partition_lag, remaining_lag
-from runtime.kafka.config import consumer_config
-from runtime.kafka.errors import ConsumerErrors, KafkaFatal
-from runtime.kafka.watermarks import TopicPartitionKey, Watermarks
-from runtime.metrics import member_metrics
-from runtime.settings import KafkaSettings
+from hsx.runtime.errors import ServiceFailed
+from hsx.runtime.health import HealthServer
+from hsx.runtime.kafka.commits import commit_watermarks, partition_lag, remaining_lag
+from hsx.runtime.kafka.config import consumer_config
+from hsx.runtime.kafka.errors import ConsumerErrors, KafkaFatal
+from hsx.runtime.kafka.watermarks import TopicPartitionKey, Watermarks
+from hsx.runtime.metrics import member_metrics
+from hsx.runtime.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from runtime.kafka.config import producer_config
-from runtime.kafka.errors import DeliveryFailed
-from runtime.metrics import produced_records
-from runtime.settings import KafkaSettings
+from hsx.runtime.kafka.config import producer_config
+from hsx.runtime.kafka.errors import DeliveryFailed
+from hsx.runtime.metrics import produced_records
+from hsx.runtime.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 two ways it can fail.
 
 A dataset is a flat set of named objects (``shards/…``, ``index/…``, ``keys/…``,
-``topics/…``, see :mod:`sink.shards`). Each write is whole or absent: a reader
+``topics/…``, see :mod:`hsx.sink.shards`). Each write is whole or absent: a reader
 never sees half an object, on a local disk (temp file, fsync, rename) or in an
 object store (one PUT, or a multipart upload completed at the end).
 """
@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from runtime.errors import ServiceFailed, UsageError
+from hsx.runtime.errors import ServiceFailed, UsageError
 
 
 class Writer(Protocol):

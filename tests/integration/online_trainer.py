@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from trainer import PaddedCollate, ReadyStream
+from hsx.trainer import PaddedCollate, ReadyStream
 
 BATCH = 4
 

@@ -13,18 +13,18 @@ import pytest
 import torch
 import zmq
 
-from extractor.completion import CompletionSender
-from extractor.connector.gather import gather_cpu
-from extractor.connector.metadata import SendJob
-from extractor.connector.sender import BlockSender
+from hsx.extractor.completion import CompletionSender
+from hsx.extractor.connector.gather import gather_cpu
+from hsx.extractor.connector.metadata import SendJob
+from hsx.extractor.connector.sender import BlockSender
 from hsx.dev.topics import fresh_topic_settings
-from runtime.broker import free_port
-from runtime.kafka import RecordProducer, ensure_topics
-from runtime.settings import KafkaSettings, TopicSettings
-from schemas import BlockRecordHeaders, Codec, RecordKind
-from schemas.connector import CompletionReport, ConnectorConfig, RequestParams
+from hsx.runtime.broker import free_port
+from hsx.runtime.kafka import RecordProducer, ensure_topics
+from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.schemas import BlockRecordHeaders, Codec, RecordKind
+from hsx.schemas.connector import CompletionReport, ConnectorConfig, RequestParams
 from tests.engine_helpers import reassemble
-from runtime.kafka.drain import drain
+from hsx.runtime.kafka.drain import drain
 
 pytestmark = pytest.mark.integration
 

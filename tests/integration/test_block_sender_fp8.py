@@ -1,6 +1,6 @@
 """The connector's sending half with ``wire_dtype: fp8``, without vLLM but with
 the real broker: the CPU gather quantizes, the records carry exactly
-:func:`schemas.fp8.to_fp8`'s codes and scales, the manifest says fp8 and keeps
+:func:`hsx.schemas.fp8.to_fp8`'s codes and scales, the manifest says fp8 and keeps
 the model's dtype, and rows fp8 cannot hold are reported as a failure."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import pytest
 import torch
 import zmq
 
-from extractor.completion import CompletionSender
-from extractor.connector.gather import gather_cpu
-from extractor.connector.sender import BlockSender
-from runtime.kafka import ensure_topics
-from runtime.kafka.drain import drain
-from runtime.settings import KafkaSettings, TopicSettings
-from runtime.tensors import WIRE_DTYPES
-from schemas import Codec
-from schemas.fp8 import to_fp8
-from sink.assembler import Assembler, Record, Sample
+from hsx.extractor.completion import CompletionSender
+from hsx.extractor.connector.gather import gather_cpu
+from hsx.extractor.connector.sender import BlockSender
+from hsx.runtime.kafka import ensure_topics
+from hsx.runtime.kafka.drain import drain
+from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.runtime.tensors import WIRE_DTYPES
+from hsx.schemas import Codec
+from hsx.schemas.fp8 import to_fp8
+from hsx.sink.assembler import Assembler, Record, Sample
 from tests.integration.test_block_sender import BLOCK_SIZE, HIDDEN, LAYERS, _config, _job, _receive, _wait_finished
 
 pytestmark = pytest.mark.integration

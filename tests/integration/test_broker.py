@@ -10,9 +10,9 @@ import sys
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from runtime.broker import EmbeddedBroker, free_port
-from runtime.kafka import ensure_topics
-from runtime.settings import KafkaSettings, TopicSettings
+from hsx.runtime.broker import EmbeddedBroker, free_port
+from hsx.runtime.kafka import ensure_topics
+from hsx.runtime.settings import KafkaSettings, TopicSettings
 
 pytestmark = pytest.mark.integration
 

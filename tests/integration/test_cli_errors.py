@@ -22,8 +22,8 @@ import pytest
 
 from hsx import models
 from hsx.cli import main
-from runtime.errors import ExitCode
-from schemas.connector import ConnectorConfig
+from hsx.runtime.errors import ExitCode
+from hsx.schemas.connector import ConnectorConfig
 from tests.unit.input_files import text_rows, write_hf_dataset, write_jsonl
 
 pytestmark = pytest.mark.integration

@@ -12,13 +12,13 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from extractor.cpu_defaults import BIND_ENV, KV_ENV, cpu_list
 from hsx import models
 from hsx.dev.commands import extract_command
 from hsx.dev.spawn import HsxService, cpu_engine_env
 from hsx.dev.topics import fresh_topics
-from runtime.kafka.drain import drain
-from runtime.settings import KafkaSettings, TopicSettings
+from hsx.extractor.cpu_defaults import BIND_ENV, KV_ENV, cpu_list
+from hsx.runtime.kafka.drain import drain
+from hsx.runtime.settings import KafkaSettings, TopicSettings
 from tests.engine_helpers import reassemble
 
 pytestmark = pytest.mark.integration

@@ -16,10 +16,10 @@ from hsx.dev.commands import extract_command
 from hsx.dev.scrape import get, metric
 from hsx.dev.spawn import HsxService
 from hsx.dev.topics import fresh_topics
-from runtime.kafka import consumer_config
-from runtime.settings import KafkaSettings
+from hsx.runtime.kafka import consumer_config
+from hsx.runtime.settings import KafkaSettings
 from tests.engine_helpers import reassemble, run_extractor
-from runtime.kafka.drain import drain
+from hsx.runtime.kafka.drain import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 

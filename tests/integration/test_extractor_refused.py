@@ -19,9 +19,9 @@ from hsx import models
 from hsx.dev.commands import extract_command
 from hsx.dev.spawn import HsxService, cpu_engine_env
 from hsx.dev.topics import fresh_topics
-from runtime.broker import EmbeddedBroker
-from runtime.kafka.drain import drain
-from runtime.settings import KafkaSettings
+from hsx.runtime.broker import EmbeddedBroker
+from hsx.runtime.kafka.drain import drain
+from hsx.runtime.settings import KafkaSettings
 from tests.reliability.harness import as_records, committed, publish, text_prompts, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]

@@ -17,9 +17,9 @@ from hsx.dev.commands import extract_command
 from hsx.dev.spawn import HsxService
 from hsx.dev.topics import fresh_topics
 from hsx.reference import HFReference, max_relative_error
-from runtime.kafka.drain import drain
-from runtime.settings import KafkaSettings
-from schemas import DlqHeaders, ErrorClass
+from hsx.runtime.kafka.drain import drain
+from hsx.runtime.settings import KafkaSettings
+from hsx.schemas import DlqHeaders, ErrorClass
 from tests.engine_helpers import Sample, reassemble
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]

@@ -9,15 +9,15 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_INVALID, Consumer, TopicPartition
 
-from runtime.errors import Rejection
-from runtime.kafka import DeliveryFailed, RecordProducer, consumer_config, ensure_topics, make_producer
-from runtime.kafka.dead_letters import DeadLetters
-from runtime.kafka.drain import drain
-from runtime.kafka.member import GroupMember
-from runtime.kafka.watermarks import TopicPartitionKey
-from runtime.settings import KafkaSettings, TopicSettings
-from schemas import DlqHeaders, DType, ErrorClass, HiddenStatesReady, TensorNames, ready_event_id
-from sink.ready import ReadyPublisher
+from hsx.runtime.errors import Rejection
+from hsx.runtime.kafka import DeliveryFailed, RecordProducer, consumer_config, ensure_topics, make_producer
+from hsx.runtime.kafka.dead_letters import DeadLetters
+from hsx.runtime.kafka.drain import drain
+from hsx.runtime.kafka.member import GroupMember
+from hsx.runtime.kafka.watermarks import TopicPartitionKey
+from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.schemas import DlqHeaders, DType, ErrorClass, HiddenStatesReady, TensorNames, ready_event_id
+from hsx.sink.ready import ReadyPublisher
 
 pytestmark = pytest.mark.integration
 

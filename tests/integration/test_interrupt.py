@@ -24,8 +24,8 @@ import psutil
 import pytest
 
 from hsx import models
-from runtime.errors import ExitCode
-from sink.reader import open_dataset
+from hsx.runtime.errors import ExitCode
+from hsx.sink.reader import open_dataset
 
 pytestmark = pytest.mark.integration
 

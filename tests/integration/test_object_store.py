@@ -14,12 +14,12 @@ from torch.utils.data import DataLoader
 from hsx.cli import main
 from hsx.dev.s3service import S3Service
 from hsx.dev.training_data import TrainingDataSpec, write_training_dataset
-from schemas.dataset_codec import DatasetCodec
-from sink.reader import open_dataset
-from sink.safetensors_io import RemoteShard
-from sink.storage import LocalStorage, Storage, StorageRefused, open_storage
-from sink.storage import s3 as s3_storage
-from trainer import HsxDataset
+from hsx.schemas.dataset_codec import DatasetCodec
+from hsx.sink.reader import open_dataset
+from hsx.sink.safetensors_io import RemoteShard
+from hsx.sink.storage import LocalStorage, Storage, StorageRefused, open_storage
+from hsx.sink.storage import s3 as s3_storage
+from hsx.trainer import HsxDataset
 
 pytestmark = [pytest.mark.integration]
 

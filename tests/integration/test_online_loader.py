@@ -17,14 +17,14 @@ from torch.utils.data import DataLoader
 
 from hsx.dev.topics import fresh_topic_settings
 from hsx.dev.training_data import TrainingDataSpec, write_training_dataset
-from runtime.kafka import ensure_topics, producer_config
-from runtime.settings import KafkaSettings
-from schemas import HiddenStatesReady
-from sink.reader import MissingShard
-from sink.storage import open_storage
+from hsx.runtime.kafka import ensure_topics, producer_config
+from hsx.runtime.settings import KafkaSettings
+from hsx.schemas import HiddenStatesReady
+from hsx.sink.reader import MissingShard
+from hsx.sink.storage import open_storage
+from hsx.trainer import PaddedCollate, ReadyStream
+from hsx.trainer.consume import my_partitions
 from tests.integration.online_trainer import BATCH
-from trainer import PaddedCollate, ReadyStream
-from trainer.consume import my_partitions
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,13 +22,13 @@ from hsx.dev.commands import produce_command, sink_command
 from hsx.dev.spawn import HsxService
 from hsx.dev.topics import fresh_topics
 from hsx.reference import HFReference, max_relative_error
-from runtime.settings import KafkaSettings, TopicSettings
-from schemas import HiddenStatesReady
-from sink.reader import follow, open_dataset
+from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.schemas import HiddenStatesReady
+from hsx.sink.reader import follow, open_dataset
 from tests.engine_helpers import run_extractor
 from tests.reliability.harness import index_counts
 from tests.integration.test_extractor import good_prompts
-from runtime.kafka.drain import drain
+from hsx.runtime.kafka.drain import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 

@@ -13,10 +13,10 @@ import torch
 from safetensors import safe_open
 
 from hsx.dev.topics import fresh_topics
-from runtime.settings import KafkaSettings, TopicSettings
-from schemas.dataset_codec import DatasetCodec
-from schemas.shard import ShardMetadata
-from sink.reader import Dataset, follow, open_dataset
+from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.schemas.dataset_codec import DatasetCodec
+from hsx.schemas.shard import ShardMetadata
+from hsx.sink.reader import Dataset, follow, open_dataset
 from tests.integration.test_sink_dedupe import run_sink
 from tests.reliability.harness import publish
 from tests.unit.test_assembler import records
@@ -97,12 +97,12 @@ def test_fp8_block_records_are_stored_by_every_codec(kafka: KafkaSettings, tmp_p
     """fp8 on the wire: ``fp8``/``fp8-zstd`` keep the codes as sent (so the
     reader's values are exactly their dequantization), the others store them
     dequantized to the manifest's bfloat16; a corrupt fp8 block goes to the DLQ."""
-    from runtime.kafka.drain import drain
-    from schemas import DlqHeaders
-    from schemas import Manifest
-    from schemas.codec import decode_block, read_header
-    from schemas.fp8 import from_fp8
-    from schemas.fp8_blocks import encode_fp8_block, fp8_rows
+    from hsx.runtime.kafka.drain import drain
+    from hsx.schemas import DlqHeaders
+    from hsx.schemas import Manifest
+    from hsx.schemas.codec import decode_block, read_header
+    from hsx.schemas.fp8 import from_fp8
+    from hsx.schemas.fp8_blocks import encode_fp8_block, fp8_rows
 
     topics = fresh_topics(kafka, partitions=1)
     originals, sent, offset = {}, {}, 0

@@ -14,12 +14,12 @@ from hsx.dev.commands import sink_command
 from hsx.dev.datasets import write_tiny_dataset
 from hsx.dev.spawn import HsxService
 from hsx.dev.topics import fresh_topics
-from runtime.kafka.config import client_config
-from runtime.kafka.drain import drain
-from runtime.settings import KafkaSettings, TopicSettings
-from schemas import HiddenStatesReady, ShardIndex
-from sink.shards import INDEX, shard_stem
-from sink.storage import LocalStorage
+from hsx.runtime.kafka.config import client_config
+from hsx.runtime.kafka.drain import drain
+from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.schemas import HiddenStatesReady, ShardIndex
+from hsx.sink.shards import INDEX, shard_stem
+from hsx.sink.storage import LocalStorage
 from tests.reliability.harness import dead_letters, index_counts, publish
 from tests.unit.test_assembler import records
 

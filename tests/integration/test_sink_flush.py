@@ -10,8 +10,8 @@ import pytest
 from hsx.dev.commands import sink_command
 from hsx.dev.spawn import HsxService
 from hsx.dev.topics import fresh_topics
-from runtime.kafka.drain import drain
-from runtime.settings import KafkaSettings
+from hsx.runtime.kafka.drain import drain
+from hsx.runtime.settings import KafkaSettings
 from tests.reliability.harness import index_counts, publish
 from tests.unit.test_assembler import records
 

@@ -15,11 +15,11 @@ from confluent_kafka.admin import AdminClient
 from hsx.dev.commands import sink_command
 from hsx.dev.spawn import HsxService, cpu_engine_env
 from hsx.dev.topics import fresh_topics
-from runtime.kafka import ensure_topics
-from runtime.kafka.config import client_config
-from runtime.kafka.drain import drain
-from runtime.settings import KafkaSettings, TopicSettings
-from schemas import HiddenStatesReady
+from hsx.runtime.kafka import ensure_topics
+from hsx.runtime.kafka.config import client_config
+from hsx.runtime.kafka.drain import drain
+from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.schemas import HiddenStatesReady
 from tests.reliability.harness import committed, dead_letters, index_counts, publish, wait_until
 from tests.unit.test_assembler import records
 

@@ -16,10 +16,10 @@ from hsx.dev.commands import sink_command
 from hsx.dev.s3service import S3Service
 from hsx.dev.spawn import HsxService, cpu_engine_env
 from hsx.dev.topics import fresh_topics
-from runtime.kafka.drain import drain
-from runtime.settings import KafkaSettings
-from schemas import HiddenStatesReady
-from sink.reader import open_dataset
+from hsx.runtime.kafka.drain import drain
+from hsx.runtime.settings import KafkaSettings
+from hsx.schemas import HiddenStatesReady
+from hsx.sink.reader import open_dataset
 from tests.reliability.harness import committed, index_counts, publish, wait_until
 from tests.unit.test_assembler import records
 

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
 from hsx.dev.training_data import TrainingDataSpec, write_training_dataset
-from trainer import HsxDataset, PackedCollate
-from trainer.export import export_speculators
+from hsx.trainer import HsxDataset, PackedCollate
+from hsx.trainer.export import export_speculators
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECULATORS_PY = ROOT / ".venv-speculators" / "bin" / "python"
@@ -80,7 +80,7 @@ def test_the_printed_train_command_is_accepted(tmp_path: Path, cache_dir: Path) 
     vocabulary, a dry run: CPUs cannot train it) builds the vocabulary mapping
     from token_freq.pt and a draft fed by the chosen aux layers in their order."""
     from hsx import models
-    from trainer.export import train_command
+    from hsx.trainer.export import train_command
 
     tiny = models.prepare(cache_dir, names=["tiny-llama"])["tiny-llama"]
     config = json.loads((tiny / "config.json").read_text())

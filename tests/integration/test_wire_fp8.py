@@ -22,14 +22,14 @@ from safetensors import safe_open
 from hsx import models
 from hsx.dev.topics import fresh_topics
 from hsx.reference import HFReference, max_relative_error
-from runtime.kafka.drain import drain
-from runtime.settings import KafkaSettings
-from schemas import Codec, DType, Manifest, RecordKind
-from schemas.codec import encode_block
-from schemas.dataset_codec import DatasetCodec, read_fp8
-from schemas.fp8 import FLOAT32_SLACK, RELATIVE_BOUND, SUBNORMAL_STEP_BOUND, from_fp8, narrow
-from sink.assembler import Assembler, Record, Sample
-from sink.reader import open_dataset
+from hsx.runtime.kafka.drain import drain
+from hsx.runtime.settings import KafkaSettings
+from hsx.schemas import Codec, DType, Manifest, RecordKind
+from hsx.schemas.codec import encode_block
+from hsx.schemas.dataset_codec import DatasetCodec, read_fp8
+from hsx.schemas.fp8 import FLOAT32_SLACK, RELATIVE_BOUND, SUBNORMAL_STEP_BOUND, from_fp8, narrow
+from hsx.sink.assembler import Assembler, Record, Sample
+from hsx.sink.reader import open_dataset
 from tests.engine_helpers import run_extractor
 from tests.integration.test_extractor import good_prompts
 from tests.integration.test_pipeline import run_sink
@@ -117,7 +117,7 @@ def test_the_fp8_dataset_holds_the_codes_the_extractor_sent(fp8_run: Fp8Run) -> 
 
 
 def test_hidden_states_are_within_the_fp8_bound_of_hf(fp8_run: Fp8Run) -> None:
-    """Per element: fp8's bound (:mod:`schemas.fp8`) around the engine's value,
+    """Per element: fp8's bound (:mod:`hsx.schemas.fp8`) around the engine's value,
     which is within ``ENGINE_TOLERANCE`` of HF's."""
     reference = HFReference(fp8_run.model_dir)
     worst: dict[int, float] = {}

@@ -41,10 +41,10 @@ def test_dockerfile_copies_what_the_package_needs(dockerfile: Path) -> None:
             assert (ROOT / source).exists(), f"{dockerfile.name}: COPY {source} does not exist"
             assert source not in ignored, f"{dockerfile.name}: COPY {source} is in .dockerignore"
             copied.add(source)
-    # `pip install .` needs the build files and every package setuptools is told to find.
+    # `pip install .` needs the build files and every directory package-dir maps into hsx.
     assert {"pyproject.toml", pyproject["project"]["readme"]} <= copied
-    packages = {p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
-    assert packages <= copied, f"{dockerfile.name} misses {sorted(packages - copied)}"
+    directories = set(pyproject["tool"]["setuptools"]["package-dir"].values())
+    assert directories <= copied, f"{dockerfile.name} misses {sorted(directories - copied)}"
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)

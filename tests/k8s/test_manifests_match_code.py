@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from extractor.options import ExtractorOptions
 from hsx.cli import build_parser
-from runtime.kafka.config import MAX_MESSAGE_BYTES, consumer_config
-from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings
+from hsx.extractor.options import ExtractorOptions
+from hsx.runtime.kafka.config import MAX_MESSAGE_BYTES, consumer_config
+from hsx.runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings
 from tests.k8s.manifests import OVERLAYS, Manifests, references
 
 MODEL_LOAD_SECONDS = 300

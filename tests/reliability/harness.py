@@ -14,12 +14,12 @@ import orjson
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from hsx.dev.commands import extract_command, sink_command
-from runtime.kafka.drain import drain
-from runtime.settings import KafkaSettings, TopicSettings
-from schemas import DlqHeaders, HiddenStatesReady
-from sink.assembler import Record
-from sink.shards import read_indexes
-from sink.storage import is_object_store, open_storage
+from hsx.runtime.kafka.drain import drain
+from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.schemas import DlqHeaders, HiddenStatesReady
+from hsx.sink.assembler import Record
+from hsx.sink.shards import read_indexes
+from hsx.sink.storage import is_object_store, open_storage
 
 FIGURES = Path(__file__).resolve().parents[2] / "out" / "reliability.json"
 

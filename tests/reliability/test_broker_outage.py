@@ -20,8 +20,8 @@ from hsx import models
 from hsx.dev.commands import produce_command
 from hsx.dev.spawn import HsxService
 from hsx.dev.topics import fresh_topics
-from runtime.broker import EmbeddedBroker
-from runtime.settings import KafkaSettings
+from hsx.runtime.broker import EmbeddedBroker
+from hsx.runtime.settings import KafkaSettings
 from tests.reliability.harness import (
     as_records, check_exactly_once, extract_args, index_counts, publish, record_figures, sink_args, text_prompts,
     wait_until,

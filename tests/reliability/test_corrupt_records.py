@@ -11,8 +11,8 @@ import pytest
 
 from hsx.dev.spawn import HsxService
 from hsx.dev.topics import fresh_topics
-from runtime.settings import KafkaSettings
-from sink.assembler import Record
+from hsx.runtime.settings import KafkaSettings
+from hsx.sink.assembler import Record
 from tests.reliability.harness import dead_letters, index_counts, publish, record_figures, sink_args
 from tests.unit.test_assembler import HIDDEN, records
 

@@ -24,8 +24,8 @@ from hsx import models
 from hsx.dev.spawn import HsxService
 from hsx.dev.topics import fresh_topics
 from hsx.reference import max_relative_error
-from runtime.settings import KafkaSettings
-from sink.reader import open_dataset
+from hsx.runtime.settings import KafkaSettings
+from hsx.sink.reader import open_dataset
 from tests.reliability.harness import (
     as_records, check_exactly_once, extract_args, index_counts, publish, record_figures, sink_args, text_prompts,
     wait_until,

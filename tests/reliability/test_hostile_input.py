@@ -14,9 +14,9 @@ import pytest
 from hsx import models
 from hsx.dev.spawn import HsxService
 from hsx.dev.topics import fresh_topics
-from runtime.kafka.drain import drain
-from runtime.settings import KafkaSettings
-from sink.reader import open_dataset
+from hsx.runtime.kafka.drain import drain
+from hsx.runtime.settings import KafkaSettings
+from hsx.sink.reader import open_dataset
 from tests.reliability.harness import dead_letters, extract_args, index_counts, publish, record_figures, sink_args
 from tests.unit.test_prompt_event import INVALID, SMALL
 

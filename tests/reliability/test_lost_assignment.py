@@ -26,10 +26,10 @@ from hsx import models
 from hsx.dev.commands import extract_command, sink_command
 from hsx.dev.spawn import HsxService
 from hsx.dev.topics import fresh_topics
-from runtime.broker import EmbeddedBroker
-from runtime.kafka import RecordProducer, ensure_topics
-from runtime.kafka.member import GroupMember
-from runtime.settings import KafkaSettings, TopicSettings
+from hsx.runtime.broker import EmbeddedBroker
+from hsx.runtime.kafka import RecordProducer, ensure_topics
+from hsx.runtime.kafka.member import GroupMember
+from hsx.runtime.settings import KafkaSettings, TopicSettings
 from tests.reliability.harness import (
     as_records, check_exactly_once, index_counts, publish, record_figures, text_prompts, wait_until,
 )

@@ -37,9 +37,9 @@ from hsx.dev.commands import extract_command, produce_command, sink_command
 from hsx.dev.spawn import HsxService, cpu_engine_env
 from hsx.dev.topics import fresh_topics
 from hsx.reference import max_relative_error
-from runtime.broker import EmbeddedBroker, free_port
-from runtime.settings import KafkaSettings, TopicSettings
-from sink.reader import open_dataset
+from hsx.runtime.broker import EmbeddedBroker, free_port
+from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.sink.reader import open_dataset
 from tests.reliability.harness import check_exactly_once, dead_letters, index_counts, record_figures, wait_until
 from tests.reliability.netfaults import FaultProxy, wait
 

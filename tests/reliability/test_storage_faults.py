@@ -18,7 +18,7 @@ import pytest
 
 from hsx.dev.spawn import HsxService
 from hsx.dev.topics import fresh_topics
-from runtime.settings import KafkaSettings
+from hsx.runtime.settings import KafkaSettings
 from tests.reliability.harness import committed, index_counts, publish, record_figures, sink_args, wait_until
 from tests.unit.test_assembler import records
 

@@ -13,8 +13,8 @@ import pyarrow.feather
 import pyarrow.ipc
 import pyarrow.parquet as pq
 
-from producer.publisher import Mapping
-from producer.sources import DatasetFormat
+from hsx.producer.publisher import Mapping
+from hsx.producer.sources import DatasetFormat
 
 if TYPE_CHECKING:  # imported lazily at run time: an optional extra
     import datasets

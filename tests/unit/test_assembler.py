@@ -9,9 +9,9 @@ import orjson
 import pytest
 import torch
 
-from schemas import BlockRecordHeaders, BlockRef, Codec, DType, Manifest, RecordKind, SourceRef
-from schemas.codec import encode_block, read_header
-from sink.assembler import Assembler, Record, Rejected, Sample
+from hsx.schemas import BlockRecordHeaders, BlockRef, Codec, DType, Manifest, RecordKind, SourceRef
+from hsx.schemas.codec import encode_block, read_header
+from hsx.sink.assembler import Assembler, Record, Rejected, Sample
 
 LAYERS, HIDDEN = 2, 16
 

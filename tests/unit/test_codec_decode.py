@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import zstandard
 
-from schemas import Codec, DType
-from schemas.blocks import BlockHeader, Segment
-from schemas.codec import _PREFIX, MAGIC, CorruptBlock, checksum, decode_block, encode_block
+from hsx.schemas import Codec, DType
+from hsx.schemas.blocks import BlockHeader, Segment
+from hsx.schemas.codec import _PREFIX, MAGIC, CorruptBlock, checksum, decode_block, encode_block
 
 # A bfloat16 [2, 2, 8] byteplane-zstd record (low plane raw, high plane zstd) as the
 # encoder before this decoder wrote it: the wire format did not change.

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from extractor.connector.kafka_settings import read_kafka_settings, write_kafka_settings
-from runtime.settings import KafkaSettings
-from schemas import format_validation_error
-from schemas.connector import ConnectorConfig, request_bytes_bound
+from hsx.extractor.connector.kafka_settings import read_kafka_settings, write_kafka_settings
+from hsx.runtime.settings import KafkaSettings
+from hsx.schemas import format_validation_error
+from hsx.schemas.connector import ConnectorConfig, request_bytes_bound
 
 SECRETS = ("sasl-s3cret", "key-s3cret", "oauth-s3cret")
 

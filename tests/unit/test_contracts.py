@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from schemas import (
+from hsx.schemas import (
     BlockHeader,
     BlockRecordHeaders,
     BlockRef,
@@ -20,7 +20,7 @@ from schemas import (
     TensorNames,
     ready_event_id,
 )
-from schemas.generate import JSON_DIR, render
+from hsx.schemas.generate import JSON_DIR, render
 
 ATTEMPT = "0123456789abcdef0123456789abcdef"
 

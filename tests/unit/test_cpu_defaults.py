@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from extractor import cpu_defaults
-from extractor.cpu_defaults import (BIND_ENV, GiB, KV_ENV, CpuDefaults, cpu_engine_defaults, cpu_list,
+from hsx.extractor import cpu_defaults
+from hsx.extractor.cpu_defaults import (BIND_ENV, GiB, KV_ENV, CpuDefaults, cpu_engine_defaults, cpu_list,
                                     kv_bytes_per_token, start_failure_reason, weight_bytes)
-from runtime.errors import UsageError
+from hsx.runtime.errors import UsageError
 
 # The two bundled models' text configs (hsx/models), as far as the sizing reads them.
 TINY = SimpleNamespace(num_hidden_layers=4, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
@@ -130,7 +130,7 @@ def test_apply_sets_the_environment_and_logs(tmp_path: Path, monkeypatch: pytest
     platforms = pytest.importorskip("vllm.platforms")
     if not platforms.current_platform.is_cpu():
         pytest.skip("CPU defaults apply on CPU only")
-    from extractor.engine import EngineOptions
+    from hsx.extractor.engine import EngineOptions
 
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **vars(TINY)}
     (tmp_path / "config.json").write_text(json.dumps(config))

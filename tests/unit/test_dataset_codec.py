@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.tensors import TORCH_DTYPES
-from schemas import DType
-from schemas.codec import CorruptBlock, encode_block
-from schemas.dataset_codec import DatasetCodec, decode_sample, encode_sample, read_fp8
-from schemas.fp8 import error_bound, widen
+from hsx.runtime.tensors import TORCH_DTYPES
+from hsx.schemas import DType
+from hsx.schemas.codec import CorruptBlock, encode_block
+from hsx.schemas.dataset_codec import DatasetCodec, decode_sample, encode_sample, read_fp8
+from hsx.schemas.fp8 import error_bound, widen
 
 SHAPE = (37, 3, 64)
 

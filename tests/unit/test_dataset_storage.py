@@ -15,18 +15,18 @@ from safetensors import safe_open
 
 from hsx.cli import main
 from hsx.dev.training_data import TrainingDataSpec, write_training_dataset
-from runtime.tensors import TORCH_DTYPES
-from schemas import DType, HiddenStatesReady
-from schemas.dataset_codec import DatasetCodec
-from schemas.fp8 import error_bound, scales_for
-from schemas.shard import ShardMetadata
-from sink.assembler import Assembler, Sample
-from sink.encoding import CorruptSample, encode
-from sink.reader import open_dataset
-from sink.shards import OpenShard, write_shard
-from sink.storage import LocalStorage
+from hsx.runtime.tensors import TORCH_DTYPES
+from hsx.schemas import DType, HiddenStatesReady
+from hsx.schemas.dataset_codec import DatasetCodec
+from hsx.schemas.fp8 import error_bound, scales_for
+from hsx.schemas.shard import ShardMetadata
+from hsx.sink.assembler import Assembler, Sample
+from hsx.sink.encoding import CorruptSample, encode
+from hsx.sink.reader import open_dataset
+from hsx.sink.shards import OpenShard, write_shard
+from hsx.sink.storage import LocalStorage
+from hsx.trainer.dataset import HsxDataset
 from tests.unit.test_assembler import feed, records
-from trainer.dataset import HsxDataset
 
 
 def assert_decoded(original: torch.Tensor, decoded: torch.Tensor, codec: DatasetCodec) -> None:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.tensors import TORCH_DTYPES
-from schemas import DType
-from schemas.fp8 import E4M3_VALUES, e4m3_codes, error_bound, from_fp8, narrow, scales_for, to_fp8, widen
+from hsx.runtime.tensors import TORCH_DTYPES
+from hsx.schemas import DType
+from hsx.schemas.fp8 import E4M3_VALUES, e4m3_codes, error_bound, from_fp8, narrow, scales_for, to_fp8, widen
 
 
 def test_codes_match_torch_on_every_kind_of_float32() -> None:
@@ -83,7 +83,7 @@ def test_dequantized_values_quantize_to_themselves() -> None:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_matches_torch_quantization(seed: int) -> None:
-    from extractor.connector.fp8 import quantize
+    from hsx.extractor.connector.fp8 import quantize
 
     x = hidden_like(seed) * np.float32(10.0 ** (seed - 2))  # rows of every magnitude
     codes, scales = quantize(torch.from_numpy(x))
@@ -109,7 +109,7 @@ def test_bad_arguments_are_refused() -> None:
 
 
 def test_real_hidden_states_stay_within_the_bound(real_hidden_states: torch.Tensor) -> None:
-    from extractor.connector.fp8 import quantize
+    from hsx.extractor.connector.fp8 import quantize
 
     for dtype in DType:
         x = real_hidden_states.to(TORCH_DTYPES[dtype]).float().numpy()

@@ -52,6 +52,6 @@ def test_merge_keeps_the_other_keys(tmp_path: Path) -> None:
 
 def test_imports_without_vllm() -> None:
     code = ("import sys; sys.modules['vllm'] = None\n"
-            "import bench.gpu_check, extractor.connector.gather, extractor.connector.fp8\n"
+            "import bench.gpu_check, hsx.extractor.connector.gather, hsx.extractor.connector.fp8\n"
             "assert sys.modules['vllm'] is None")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)

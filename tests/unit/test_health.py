@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import Counter
 
 from hsx.dev.scrape import get
-from runtime.health import HealthServer
+from hsx.runtime.health import HealthServer
 
 PROBE = Counter("hsx_test_probe", "A counter only this test moves")
 

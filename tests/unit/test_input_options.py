@@ -13,12 +13,12 @@ from typing import Any
 import orjson
 import pytest
 
-from producer.cli import add_input_arguments, input_from_args
-from producer.inputs import InputKind, InputRows, InputSpec, detect_kind, open_input, read_input, shuffled
-from producer.publisher import Mapping, Publisher
-from producer.sources import DatasetFormat, SourceLine
-from runtime.errors import UsageError
-from schemas import PromptEvent, Topics
+from hsx.producer.cli import add_input_arguments, input_from_args
+from hsx.producer.inputs import InputKind, InputRows, InputSpec, detect_kind, open_input, read_input, shuffled
+from hsx.producer.publisher import Mapping, Publisher
+from hsx.producer.sources import DatasetFormat, SourceLine
+from hsx.runtime.errors import UsageError
+from hsx.schemas import PromptEvent, Topics
 from tests.unit.input_files import text_rows, write_hf_dataset, write_hf_dataset_dict, write_jsonl, write_parquet
 
 
@@ -194,7 +194,7 @@ def test_standard_input_as_jsonl_or_json(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_generate_attaches_generation_to_rows_without_one(tmp_path: Path) -> None:
-    from producer.publisher import parse_line
+    from hsx.producer.publisher import parse_line
 
     path = tmp_path / "gen.jsonl"
     path.write_bytes(b'{"prompt": "hi"}\n{"prompt": "yo", "generation": {"max_tokens": 3}}\n')

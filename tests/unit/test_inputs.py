@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from producer.inputs import InputSpec, open_input, read_input
-from producer.publisher import Mapping, parse_line
-from producer.sources import SourceLine
-from producer.tables import read_parquet
+from hsx.producer.inputs import InputSpec, open_input, read_input
+from hsx.producer.publisher import Mapping, parse_line
+from hsx.producer.sources import SourceLine
+from hsx.producer.tables import read_parquet
 from tests.unit.input_files import (
     CHAT_MAPPING, TEXT_MAPPING, WRITERS, Rows, chat_rows, text_rows, write_hf_dataset_dict, write_jsonl,
     write_parquet,

@@ -12,10 +12,10 @@ import orjson
 import pytest
 
 from hsx.cli import main
-from runtime.errors import ExitCode
-from sink.assembler import Assembler, Record, Sample
-from sink.shards import OpenShard, write_shard
-from sink.storage import LocalStorage
+from hsx.runtime.errors import ExitCode
+from hsx.sink.assembler import Assembler, Record, Sample
+from hsx.sink.shards import OpenShard, write_shard
+from hsx.sink.storage import LocalStorage
 from tests.unit.test_assembler import feed, records
 
 

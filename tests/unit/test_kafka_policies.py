@@ -11,13 +11,13 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from producer.publisher import Publisher
-from producer.sources import SourceLine
-from runtime.kafka import ConsumerErrors, DeliveryFailed, KafkaFatal, RecordProducer
-from runtime.kafka.commits import commit_watermarks
-from runtime.kafka.watermarks import Watermarks
-from runtime.settings import KafkaSettings, TopicSettings
-from sink.ready import ReadyPublisher
+from hsx.producer.publisher import Publisher
+from hsx.producer.sources import SourceLine
+from hsx.runtime.kafka import ConsumerErrors, DeliveryFailed, KafkaFatal, RecordProducer
+from hsx.runtime.kafka.commits import commit_watermarks
+from hsx.runtime.kafka.watermarks import Watermarks
+from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.sink.ready import ReadyPublisher
 from tests.integration.test_group_member import _ready_event
 
 

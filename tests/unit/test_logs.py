@@ -7,7 +7,7 @@ import logging
 import orjson
 import pytest
 
-from runtime.logs import configure_logging, record_fields, redact, redact_secrets
+from hsx.runtime.logs import configure_logging, record_fields, redact, redact_secrets
 
 
 def test_json_lines_carry_record_fields(capsys: pytest.CaptureFixture[str]) -> None:

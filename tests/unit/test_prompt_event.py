@@ -7,7 +7,7 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from schemas import Message, PromptEvent, PromptLimits, format_validation_error
+from hsx.schemas import Message, PromptEvent, PromptLimits, format_validation_error
 
 SMALL = PromptLimits(
     max_event_bytes=4096,

@@ -7,9 +7,9 @@ import copy
 import orjson
 import pytest
 
-from extractor.prompts import PromptPreparer, PromptRejected
 from hsx import models
-from schemas import PromptEvent
+from hsx.extractor.prompts import PromptPreparer, PromptRejected
+from hsx.schemas import PromptEvent
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_template_without_stable_prefixes_is_refused(tokenizer) -> None:  # type
 
 
 def test_turn_by_turn_regeneration_places_each_answer_after_its_template_piece(tokenizer) -> None:  # type: ignore[no-untyped-def]
-    from extractor.regeneration import follow
+    from hsx.extractor.regeneration import follow
 
     preparer = PromptPreparer(tokenizer, len(tokenizer), 512)
     prepared = preparer.prepare(event(messages=CHAT, generation={"max_tokens": 4}))

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.recent import RecentKeys
+from hsx.runtime.recent import RecentKeys
 
 
 def test_recent_keys_remember_the_last_limit_distinct_keys() -> None:

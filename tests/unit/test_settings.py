@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from runtime.kafka import client_config, consumer_config, producer_config
-from runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
+from hsx.runtime.kafka import client_config, consumer_config, producer_config
+from hsx.runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
 
 SECURE_ENV = {
     "HSX_KAFKA_BOOTSTRAP": "kafka-0.example:9093",

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from runtime.tensors import TORCH_DTYPES, WIRE_DTYPES
-from schemas import DType
-from schemas.shard import ShardMetadata
-from schemas.dataset_codec import DatasetCodec
-from sink.assembler import Assembler, Sample
-from sink.encoding import encode
-from sink.shards import OpenShard, write_shard
-from sink.storage import LocalStorage
+from hsx.runtime.tensors import TORCH_DTYPES, WIRE_DTYPES
+from hsx.schemas import DType
+from hsx.schemas.shard import ShardMetadata
+from hsx.schemas.dataset_codec import DatasetCodec
+from hsx.sink.assembler import Assembler, Sample
+from hsx.sink.encoding import encode
+from hsx.sink.shards import OpenShard, write_shard
+from hsx.sink.storage import LocalStorage
 from tests.unit.test_assembler import HIDDEN, feed, records
 from tests.unit.test_dataset_storage import assert_decoded
 
@@ -62,10 +62,10 @@ def test_a_last_token_sample_is_stored_as_one_row(tmp_path: Path, codec: Dataset
     every dataset codec (a zstd block from token 6: byteplane-zstd re-encodes it)."""
     import torch
 
-    from schemas import BlockRecordHeaders, BlockRef, Codec, Manifest, RecordKind, SourceRef
-    from schemas.codec import encode_block, read_header
-    from sink.assembler import Record
-    from sink.reader import open_dataset
+    from hsx.schemas import BlockRecordHeaders, BlockRef, Codec, Manifest, RecordKind, SourceRef
+    from hsx.schemas.codec import encode_block, read_header
+    from hsx.sink.assembler import Record
+    from hsx.sink.reader import open_dataset
 
     row = torch.randn(1, 2, HIDDEN)
     value = encode_block(row.view(torch.uint8).numpy(), shape=(1, 2, HIDDEN), dtype=DType.FLOAT32, token_start=6,

@@ -7,8 +7,8 @@ import io
 import orjson
 import pytest
 
-from producer.publisher import InvalidLine, Mapping, parse_line
-from producer.sources import DatasetFormat, SourceLine, generated_request_id, read_jsonl
+from hsx.producer.publisher import InvalidLine, Mapping, parse_line
+from hsx.producer.sources import DatasetFormat, SourceLine, generated_request_id, read_jsonl
 
 
 def line(obj: object, no: int = 1, source: str = "data.jsonl") -> SourceLine:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sink.storage import LocalStorage, UnsafePath
+from hsx.sink.storage import LocalStorage, UnsafePath
 
 
 @pytest.mark.parametrize("relative", ["../escape", "/etc/passwd", "shards/../../x", "", "a/../../b"])

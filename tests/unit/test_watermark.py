@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from runtime.kafka.watermarks import Watermarks
+from hsx.runtime.kafka.watermarks import Watermarks
 
 TP = ("prompts", 0)
 
