@@ -132,5 +132,5 @@ def _check(report: RunReport, model_dir: Path) -> int:
     print(render(rows))
     ok = report.ok and len(dataset) == report.published.sent and error <= 1e-4
     print(f"[demo] {'OK' if ok else 'FAILED'}: dataset in {report.output}, "
-          f"read it with hsx.sink.reader.open_dataset('{report.output}')")
+          f"read it with hsx.open_dataset('{report.output}')")
     return ExitCode.OK if ok else ExitCode.FAILED
