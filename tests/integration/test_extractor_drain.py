@@ -23,7 +23,7 @@ from hsx.runtime.kafka.drain import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
-PROMPTS = 240
+PROMPTS = 120
 
 
 def _committed(kafka: KafkaSettings, topic: str, group: str) -> dict[int, int]:

@@ -2,7 +2,8 @@
 longer than the session timeout, so librdkafka gives the partitions up as
 *lost*; when the broker returns, the member rejoins and must fetch again
 whatever its pause state was when the partitions went. First the group member
-alone, then both services with work in every stage.
+alone, then both services with work in every stage while ``hsx produce``
+publishes more prompts (a broker outage: everyone carries on by themselves).
 
 The cause of an extractor that stalled after a broker outage: librdkafka keeps a
 partition's application pause flag across a loss and re-assignment, so a member
@@ -19,11 +20,12 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 import pytest
 from confluent_kafka import Message
 
 from hsx import models
-from hsx.dev.commands import extract_command, sink_command
+from hsx.dev.commands import extract_command, produce_command, sink_command
 from hsx.dev.spawn import HsxService
 from hsx.dev.topics import fresh_topics
 from hsx.runtime.broker import EmbeddedBroker
@@ -91,8 +93,9 @@ def test_a_member_fetches_again_after_losing_its_partitions(unpause: str) -> Non
 
 
 MAX_INFLIGHT = 4
-OUTAGE_S = 15.0
-"""Past the 6 s session timeout of the services' dev commands: both lose their partitions."""
+OUTAGE_S = 30.0
+"""Past the 6 s session timeout of the services' dev commands (both lose their
+partitions) and half of the one-shot commands' 60 s wait for the cluster."""
 RECOVERY_BOUND_S = 180.0
 """Every prompt stored within this of the broker's return: rejoining takes seconds
 and the run's remaining work about half a minute on 2 cores; a stalled service
@@ -104,14 +107,17 @@ def test_services_resume_after_losing_their_partitions_with_work_in_every_stage(
     """At the moment the broker goes: the extractor holds ``max_inflight`` prompts
     (waiting for Kafka's acks), the sink an open shard and an incomplete sample
     (blocks without their manifest), and its shard closes during the outage, so
-    ready events are pending when the partitions are lost."""
+    ready events are pending when the partitions are lost. Meanwhile ``hsx
+    produce`` publishes more prompts: it, too, rides the outage out."""
     model = models.prepare(names=["smollm2-135m-instruct"])["smollm2-135m-instruct"]
-    prompts = text_prompts(120, "lost")
+    before, during = text_prompts(60, "lost"), text_prompts(30, "during")
     with EmbeddedBroker() as broker:
         kafka = KafkaSettings(bootstrap=broker.bootstrap)
         topics = fresh_topics(kafka)
-        publish(kafka, topics.prompts, as_records(prompts))
+        publish(kafka, topics.prompts, as_records(before))
         publish(kafka, topics.blocks, records("partial-0")[0][:-1])  # its manifest never comes
+        late = tmp_path / "late.jsonl"
+        late.write_bytes(b"".join(orjson.dumps(p) + b"\n" for p in during))
         output = tmp_path / "dataset"
         extractor = HsxService("extractor", extract_command(
             kafka.bootstrap, topics, model, "--max-model-len", "512", "--max-inflight", str(MAX_INFLIGHT),
@@ -131,18 +137,27 @@ def test_services_resume_after_losing_their_partitions_with_work_in_every_stage(
             stopped = time.monotonic()
             try:
                 assert sink.metric("hsx_sink_buffered_bytes") > 0, "the sink holds nothing"
-                time.sleep(OUTAGE_S)
+                producer = HsxService("produce", produce_command(kafka.bootstrap, topics, late), tmp_path,
+                                      health=False).start()
+                ready_during = []
+                while time.monotonic() - stopped < OUTAGE_S:
+                    ready_during.append(extractor.ready())
+                    time.sleep(2)
             finally:
                 os.kill(broker.pid, signal.SIGCONT)
             returned = time.monotonic()
-            wait_until(lambda: len(index_counts(output)) >= len(prompts), RECOVERY_BOUND_S,
+            assert producer.wait(300) == 0, producer.log_tail()
+            wait_until(lambda: len(index_counts(output)) >= len(before) + len(during), RECOVERY_BOUND_S,
                        f"every prompt within {RECOVERY_BOUND_S:.0f}s of the broker's return")
             recovered = time.monotonic() - returned
             for service in (extractor, sink):
                 assert "lost [" in service.log_tail(200_000), f"{service.name} never lost its partitions"
-                assert service.exited() is None, service.log_tail()
+                assert service.exited() is None and service.incarnations == 1, service.log_tail()
                 assert service.ready(), f"{service.name} not ready after recovering"
                 assert service.stop() == 0, service.log_tail()
-        check_exactly_once(kafka, topics, output, {str(p["request_id"]) for p in prompts})
-    record_figures("lost_assignment", {"prompts": len(prompts), "outage_s": round(returned - stopped, 1),
-                                       "max_inflight": MAX_INFLIGHT, "all_done_s_after_return": round(recovered, 1)})
+        check_exactly_once(kafka, topics, output, {str(p["request_id"]) for p in before + during})
+    record_figures("lost_assignment", {
+        "prompts": len(before) + len(during), "published_during_outage": len(during),
+        "outage_s": round(returned - stopped, 1), "max_inflight": MAX_INFLIGHT,
+        "all_done_s_after_return": round(recovered, 1),
+        "extractor_ready_probes_during_outage": f"{sum(ready_during)}/{len(ready_during)} ready"})
