@@ -39,7 +39,7 @@ from pathlib import Path
 import psutil
 
 from bench import report
-from hsx.dev.spawn import cpu_engine_env
+from hsx.local.spawn import cpu_engine_env
 from hsx.extractor.cpu_defaults import cpu_list
 
 SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale", "dataset_codecs", "object_store"]

@@ -36,7 +36,7 @@ from safetensors import safe_open
 from torch.utils.data import DataLoader
 
 from bench.sink_scale import standalone
-from hsx.dev.training_data import TrainingDataSpec, write_training_dataset
+from hsx.local.training_data import TrainingDataSpec, write_training_dataset
 from hsx.sink.shards import SHARDS
 from hsx.trainer import HsxDataset, PackedCollate
 

@@ -2,7 +2,7 @@
 object store against the same dataset on local disk (issue 15), every figure a
 ratio of two sides measured in one run.
 
-The object store is SeaweedFS on loopback (:func:`hsx.dev.s3server.dev_s3`, or
+The object store is SeaweedFS on loopback (:func:`hsx.local.s3server.dev_s3`, or
 the service ``HSX_TEST_S3_ENDPOINT`` names), its data on the same disk as the
 local side's temp directory. Hidden states are bfloat16, 4 layers x 2,048
 (16 KiB a token), random bytes (nothing compresses them).
@@ -60,12 +60,12 @@ import numpy as np
 import torch
 
 from bench.sink_scale import standalone
-from hsx.dev.commands import sink_command
-from hsx.dev.s3server import LocalS3, dev_s3
-from hsx.dev.s3service import S3Service
-from hsx.dev.spawn import HsxService, cpu_engine_env
-from hsx.dev.topics import fresh_topics
-from hsx.runtime.broker import dev_bootstrap
+from hsx.local.commands import sink_command
+from hsx.local.s3server import LocalS3, dev_s3
+from hsx.local.s3service import S3Service
+from hsx.local.spawn import HsxService, cpu_engine_env
+from hsx.local.topics import fresh_topics
+from hsx.local.broker import dev_bootstrap
 from hsx.runtime.kafka import make_producer
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import BlockRef, Codec, DType, Manifest, SourceRef

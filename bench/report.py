@@ -469,7 +469,7 @@ def object_store_section(r: dict[str, Any]) -> list[str]:
     return [
         "## Dataset on object storage (`python -m bench.object_store`)",
         "",
-        f"S3 is {g('object_store_server')} (`hsx.dev.s3server`), its data on the same disk as the local side's "
+        f"S3 is {g('object_store_server')} (`hsx.local.s3server`), its data on the same disk as the local side's "
         "temp directory; both sides in one run, rounds interleaved. Hidden states are bfloat16, 4 layers × "
         "2,048 (16 KiB a token), random bytes.",
         "",

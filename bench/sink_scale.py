@@ -3,7 +3,7 @@ already holds many samples.
 
 For each size (none, 10 k and 1 M samples; ``--quick``: none, 10 k and 100 k) a
 dataset of tiny samples (1 token × 1 layer × 8 hidden, 10,000 to a shard) is
-built through the sink's own write path (``hsx.dev.datasets``, no engine), for
+built through the sink's own write path (``hsx.local.datasets``, no engine), for
 partition 0 of a fresh one-partition blocks topic on the embedded broker (or
 ``HSX_KAFKA_BOOTSTRAP``). Then ``hsx sink`` is started on it twice:
 
@@ -36,11 +36,11 @@ from pathlib import Path
 import psutil
 
 from bench import report
-from hsx.dev.commands import sink_command
-from hsx.dev.datasets import write_tiny_dataset
-from hsx.dev.spawn import HsxService
-from hsx.dev.topics import fresh_topics
-from hsx.runtime.broker import dev_bootstrap
+from hsx.local.commands import sink_command
+from hsx.local.datasets import write_tiny_dataset
+from hsx.local.spawn import HsxService
+from hsx.local.topics import fresh_topics
+from hsx.local.broker import dev_bootstrap
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.sink.storage import LocalStorage
 

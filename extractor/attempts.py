@@ -16,7 +16,7 @@ from hsx.extractor.engine import Engine
 from hsx.extractor import regeneration
 from hsx.extractor.prompts import PreparedPrompt
 from hsx.extractor.stats import ExtractorStats
-from hsx.runtime.errors import Rejection, ServiceFailed
+from hsx.runtime.errors import InvalidInput, ServiceFailed
 from hsx.runtime.logs import record_fields
 from hsx.schemas import ErrorClass, GeneratedTurn, PromptEvent, SourceRef
 from hsx.schemas.connector import RequestParams
@@ -35,7 +35,7 @@ class Attempts:
         self._max_attempts = max_attempts
         self._timeout = completion_timeout
 
-    async def extract(self, event: PromptEvent, prepared: PreparedPrompt, source: SourceRef) -> Rejection | None:
+    async def extract(self, event: PromptEvent, prepared: PreparedPrompt, source: SourceRef) -> InvalidInput | None:
         """Run attempts until one is acknowledged; returns ``None`` on success or
         the rejection to dead-letter the prompt with. Raises when the engine is
         dead, or :class:`ServiceFailed` when Kafka refused one of the attempt's
@@ -44,8 +44,8 @@ class Attempts:
 
         problem = self._engine.sampling_problem(event.generation)
         if problem is not None:
-            return Rejection(ErrorClass.ENGINE_REJECTED, problem)
-        failure = Rejection(ErrorClass.EXTRACTION_FAILED, "no attempt made")
+            return InvalidInput(ErrorClass.ENGINE_REJECTED, problem)
+        failure = InvalidInput(ErrorClass.EXTRACTION_FAILED, "no attempt made")
         for attempt in range(1, self._max_attempts + 1):
             attempt_id = uuid.uuid4().hex
             try:
@@ -54,12 +54,12 @@ class Attempts:
                 raise
             except ValueError as exc:  # vLLM's input validation: retrying cannot help
                 self._completions.forget(attempt_id)
-                return Rejection(ErrorClass.ENGINE_REJECTED, f"vLLM rejected the prompt: {exc}")
+                return InvalidInput(ErrorClass.ENGINE_REJECTED, f"vLLM rejected the prompt: {exc}")
             except _EarlierTurnFailed as exc:
-                outcome = Rejection(ErrorClass.GENERATION_FAILED, f"attempt {attempt}: {exc}")
+                outcome = InvalidInput(ErrorClass.GENERATION_FAILED, f"attempt {attempt}: {exc}")
             except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - retried, then dead-lettered
                 self._completions.forget(attempt_id)
-                outcome = Rejection(ErrorClass.EXTRACTION_FAILED, f"attempt {attempt}: {exc!r}")
+                outcome = InvalidInput(ErrorClass.EXTRACTION_FAILED, f"attempt {attempt}: {exc!r}")
             if outcome is None:
                 return None
             failure = outcome
@@ -72,7 +72,7 @@ class Attempts:
         return failure
 
     async def _attempt(self, event: PromptEvent, prepared: PreparedPrompt, source: SourceRef,
-                       attempt_id: str) -> Rejection | None:
+                       attempt_id: str) -> InvalidInput | None:
         """One attempt: the earlier turns of a chat regenerated turn by turn (if
         any), then the final pass, whose records the connector sends."""
         tokens, spans, turns = await self._earlier_turns(event, prepared, attempt_id)
@@ -86,7 +86,7 @@ class Attempts:
         if report.refused:  # fatal: no retry, no dead letter, nothing committed past the prompt
             raise ServiceFailed(f"the connector could not send {event.request_id}: {report.error}")
         if not report.ok:
-            return Rejection(ErrorClass.EXTRACTION_FAILED, f"{report.error}")
+            return InvalidInput(ErrorClass.EXTRACTION_FAILED, f"{report.error}")
         self._stats.extracted(report)
         return None
 
@@ -109,7 +109,7 @@ class Attempts:
             turns.append(GeneratedTurn(token_start=len(tokens), token_end=len(tokens) + len(answer),
                                        finish_reason=reason))  # type: ignore[arg-type]
             spans = [*spans, (len(tokens), len(tokens) + len(answer))]
-            tokens += answer + regeneration.follow(answer, piece)
+            tokens += answer + regeneration.tokens_after_answer(answer, piece)
         return tokens, spans, turns
 
 

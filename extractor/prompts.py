@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hsx.extractor import regeneration
-from hsx.runtime.errors import Rejection
+from hsx.runtime.errors import InvalidInput
 from hsx.schemas import ErrorClass, Generation, Message, PromptEvent
 
 
-class PromptRejected(Rejection):
+class PromptRejected(InvalidInput):
     """A prompt that only the model can judge as bad; goes to the DLQ."""
 
 

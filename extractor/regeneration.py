@@ -60,7 +60,7 @@ def plan(messages: list[Message], render: Callable[[list[dict[str, str]]], str],
     return RegenerationPlan(pieces)
 
 
-def follow(answer: list[int], piece: list[int]) -> list[int]:
+def tokens_after_answer(answer: list[int], piece: list[int]) -> list[int]:
     """The tokens that follow an answer: ``piece``, less the end-of-turn token the
     answer already generated itself (the template would close the turn again)."""
     if answer and piece and answer[-1] == piece[0]:

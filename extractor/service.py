@@ -27,7 +27,7 @@ from hsx.extractor.model_config import text_config
 from hsx.extractor.options import ExtractorOptions
 from hsx.extractor.prompts import PromptPreparer, PromptRejected
 from hsx.extractor.stats import ExtractorStats
-from hsx.runtime.errors import ExitCode, Rejection, ServiceFailed
+from hsx.runtime.errors import ExitCode, InvalidInput, ServiceFailed
 from hsx.runtime.kafka import DeliveryFailed, RecordProducer, ensure_topics
 from hsx.runtime.kafka.dead_letters import DeadLetters
 from hsx.runtime.kafka.member import GroupMember
@@ -185,7 +185,7 @@ class Extractor:
             event = PromptEvent.model_validate_json(message.value() or b"", context={"limits": self.limits})
             prepared = self._preparer.prepare(event)
         except ValidationError as exc:
-            self._dead_letter(message, Rejection(ErrorClass.INVALID_EVENT, format_validation_error(exc)))
+            self._dead_letter(message, InvalidInput(ErrorClass.INVALID_EVENT, format_validation_error(exc)))
             return
         except PromptRejected as rejection:
             self._dead_letter(message, rejection)
@@ -196,7 +196,7 @@ class Extractor:
         else:
             self._dead_letter(message, rejection)
 
-    def _dead_letter(self, message: Message, rejection: Rejection) -> None:
+    def _dead_letter(self, message: Message, rejection: InvalidInput) -> None:
         """Publish the original record to the DLQ; its offset is done once Kafka
         acknowledged the dead letter."""
         tp, offset = (message.topic(), message.partition()), message.offset()

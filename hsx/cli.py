@@ -40,7 +40,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _broker(args: argparse.Namespace) -> int:
-    from hsx.runtime.broker import EmbeddedBroker, check_listen
+    from hsx.local.broker import EmbeddedBroker, check_listen
 
     check_listen(args.host, args.port)
     stop = threading.Event()

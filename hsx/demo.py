@@ -25,8 +25,8 @@ from hsx.reference import HFReference, max_relative_error
 from hsx.run import RunPlan, run_pipeline, stopping_children_on_interrupt
 from hsx.summary import RunReport, render
 from hsx.producer.sources import read_jsonl
-from hsx.dev.s3server import LocalS3, dev_s3
-from hsx.runtime.broker import dev_bootstrap
+from hsx.local.s3server import LocalS3, dev_s3
+from hsx.local.broker import dev_bootstrap
 from hsx.runtime.checks import writable_dir
 from hsx.runtime.errors import ExitCode, UsageError
 from hsx.sink.reader import open_dataset

@@ -29,15 +29,15 @@ from typing import get_args
 import psutil
 from tqdm import tqdm
 
-from hsx.dev.commands import extract_command, sink_command
-from hsx.dev.spawn import HsxService
-from hsx.dev.topics import fresh_topic_settings
+from hsx.local.commands import extract_command, sink_command
+from hsx.local.spawn import HsxService
+from hsx.local.topics import fresh_topic_settings
 from hsx.extractor.cli import add_model_arguments, as_argv, model_and_layers
 from hsx.ledger import Ledger, LedgerFeed
 from hsx.producer.cli import add_input_arguments, input_from_args
 from hsx.producer.publisher import InvalidPolicy, Mapping, Publisher, PublishSummary
 from hsx.producer.sources import SourceLine
-from hsx.runtime.broker import EmbeddedBroker
+from hsx.local.broker import EmbeddedBroker
 from hsx.runtime.checks import bounded, model_dir, outside, writable_dir
 from hsx.runtime.errors import ExitCode
 from hsx.runtime.kafka import RecordProducer, ensure_topics
@@ -172,7 +172,7 @@ def run_pipeline(plan: RunPlan) -> RunReport:
         try:
             published = _publish(kafka, topics, plan, existing, sent)
             if ledger.published:
-                failures = _follow(ledger, feed, extractor, sink, plan.progress)
+                failures = _watch_until_accounted(ledger, feed, extractor, sink, plan.progress)
                 failures += _drain(extractor, sink)
                 _settle(ledger, feed)
         finally:
@@ -235,7 +235,7 @@ def _publish(kafka: KafkaSettings, topics: Topics, plan: RunPlan, existing: set[
     return summary
 
 
-def _follow(ledger: Ledger, feed: LedgerFeed, extractor: HsxService, sink: HsxService, progress: bool) -> list[str]:
+def _watch_until_accounted(ledger: Ledger, feed: LedgerFeed, extractor: HsxService, sink: HsxService, progress: bool) -> list[str]:
     """Step 6: until every published id is accounted for, a service exits, or the
     extractor is done and the rest does not come within :data:`LOST_AFTER_SECONDS`."""
     total = len(ledger.published)

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from hsx.producer.sources import DatasetFormat, MappingError, SourceLine, to_event_dict
 from hsx.runtime.kafka import RecordProducer
 from hsx.runtime.kafka.dead_letters import DeadLetters
-from hsx.runtime.errors import Rejection
+from hsx.runtime.errors import InvalidInput
 from hsx.schemas import DEFAULT_LIMITS, ErrorClass, Generation, PromptEvent, PromptLimits, Topics, format_validation_error
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ class InvalidPolicy(str, Enum):
     """Report it and publish the original line to the prompts DLQ with the reason."""
 
 
-class InvalidLine(Rejection):
+class InvalidLine(InvalidInput):
     """A line that cannot become a prompt event, with a rule name and a reason."""
 
     def __init__(self, line: SourceLine, error_class: ErrorClass, reason: str) -> None:

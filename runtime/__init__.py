@@ -1,2 +1,2 @@
-"""Runtime helpers shared by the services: settings, the Kafka client layer,
-logging and the embedded development broker. Depends only on ``hsx.schemas``."""
+"""Runtime helpers the services use in production: settings, the Kafka client layer,
+errors and exit codes, logging, health and metrics. Depends only on ``hsx.schemas``."""

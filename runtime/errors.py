@@ -49,7 +49,7 @@ class ServiceFailed(HsxError):
     """A service cannot go on safely (engine dead or stuck, a dead letter lost)."""
 
 
-class Rejection(HsxError):
+class InvalidInput(HsxError):
     """Input that will never be processed: the rule it broke and why. Services
     dead-letter it with these two as headers; nothing else about it is special."""
 

@@ -80,8 +80,9 @@ class _TopicSettingsBase(BaseSettings):
         return Topics(**{f.name: getattr(self, f.name) for f in fields(Topics)})
 
 
-# One name field per Topics field (HSX_TOPIC_PROMPTS, ...), derived from the dataclass
-# so schemas/ stays the single list of topics and of their default names.
+# Fields: partitions, replication_factor (above) and one name per field of the
+# dataclass hsx.schemas.topics.Topics (prompts, blocks, ready, ...; env HSX_TOPIC_PROMPTS,
+# ...), derived from it so the contract stays the single list of topics and defaults.
 TopicSettings = create_model(  # type: ignore[call-overload]
     "TopicSettings",
     __base__=_TopicSettingsBase,
@@ -97,8 +98,9 @@ class _LimitSettingsBase(BaseSettings):
         return PromptLimits(**self.model_dump())
 
 
-# One field per PromptLimits bound (HSX_PROMPT_MAX_TOKEN_IDS, ...), derived from the
-# dataclass so the contract in schemas/ stays the single definition of the bounds.
+# Fields: one per field of the dataclass hsx.schemas.limits.PromptLimits (max_token_ids,
+# ...; env HSX_PROMPT_MAX_TOKEN_IDS, ...), derived from it so the contract stays the
+# single definition of the bounds.
 PromptLimitSettings = create_model(  # type: ignore[call-overload]
     "PromptLimitSettings",
     __base__=_LimitSettingsBase,

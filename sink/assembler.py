@@ -6,7 +6,7 @@ manifest completes the sample only if every block it lists arrived with the same
 attempt id, decodes, and matches the manifest's checksums, token ranges and
 shape (fp8 blocks, ``hsx extract --wire-dtype fp8``, also that their codes and
 scales are what the quantization can produce). Anything else becomes a
-:class:`Rejected` with a reason; attempts whose
+:class:`RejectedRecords` with a reason; attempts whose
 manifest never comes are rejected after a timeout, or as soon as another attempt
 of the same request completes (a killed extractor's leftovers).
 """
@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 from pydantic import ValidationError
 
-from hsx.runtime.errors import Rejection
+from hsx.runtime.errors import InvalidInput
 from hsx.schemas import BlockRecordHeaders, ErrorClass, Manifest, RecordKind, format_validation_error
 from hsx.schemas.codec import CorruptBlock, decode_block
 from hsx.schemas.dataset_codec import DatasetCodec
@@ -64,7 +64,7 @@ class Sample:
 
 
 @dataclass
-class Rejected:
+class RejectedRecords:
     """Records that will never become a sample, and why."""
 
     error_class: ErrorClass
@@ -96,14 +96,14 @@ class Assembler:
     def pending_bytes(self) -> int:
         return sum(p.nbytes for p in self._pending.values())
 
-    def add(self, record: Record) -> Sample | Rejected | None:
+    def add(self, record: Record) -> Sample | RejectedRecords | None:
         """Feed one record; returns a finished sample or rejection, if any."""
         try:
             headers = BlockRecordHeaders.from_kafka(record.headers)
             request_id = (record.key or b"").decode()
         except (ValidationError, UnicodeDecodeError) as exc:
             key = (record.key or b"").decode("utf-8", "replace") or None
-            return Rejected(ErrorClass.INVALID_RECORD, f"unreadable block record: {exc}", [record.offset], key, record.value)
+            return RejectedRecords(ErrorClass.INVALID_RECORD, f"unreadable block record: {exc}", [record.offset], key, record.value)
         key = (request_id, headers.attempt_id)
         if headers.kind is RecordKind.BLOCK:
             assert headers.block_index is not None
@@ -115,14 +115,14 @@ class Assembler:
             manifest = Manifest.model_validate(orjson.loads(record.value), strict=False)
         except (orjson.JSONDecodeError, ValidationError) as exc:
             reason = format_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
-            return Rejected(ErrorClass.INVALID_MANIFEST, f"manifest does not validate: {reason}", offsets, request_id, record.value)
+            return RejectedRecords(ErrorClass.INVALID_MANIFEST, f"manifest does not validate: {reason}", offsets, request_id, record.value)
         if manifest.request_id != request_id or manifest.attempt_id != headers.attempt_id:
-            return Rejected(ErrorClass.INVALID_MANIFEST, "manifest does not match its record key / attempt header",
+            return RejectedRecords(ErrorClass.INVALID_MANIFEST, "manifest does not match its record key / attempt header",
                             offsets, request_id, record.value)
         try:
             parts = _verified_parts(manifest, pending.blocks)
-        except Rejection as exc:
-            return Rejected(exc.error_class, exc.reason, offsets, request_id, record.value)
+        except InvalidInput as exc:
+            return RejectedRecords(exc.error_class, exc.reason, offsets, request_id, record.value)
         records = [pending.blocks[ref.index].value for ref in manifest.blocks]
         if manifest.quantization is None:
             return Sample(manifest, b"".join(p[0] for p in parts), offsets, records)
@@ -130,7 +130,7 @@ class Assembler:
         scales = np.concatenate([p[2] for p in parts]) if len(parts) > 1 else parts[0][2]
         return Sample(manifest, b"", offsets, records, fp8=(codes, scales))
 
-    def supersede(self, request_id: str) -> list[Rejected]:
+    def supersede(self, request_id: str) -> list[RejectedRecords]:
         """Reject the unfinished attempts of a request that now has a complete one.
 
         The extractor starts a new attempt only after the previous one ended
@@ -140,16 +140,16 @@ class Assembler:
         stale = [key for key in self._pending if key[0] == request_id]
         return [self._incomplete(key, ErrorClass.SUPERSEDED_ATTEMPT, "a later attempt completed") for key in stale]
 
-    def expire(self, now: float | None = None) -> list[Rejected]:
+    def expire(self, now: float | None = None) -> list[RejectedRecords]:
         """Reject attempts whose manifest has not come within the timeout."""
         now = time.monotonic() if now is None else now
         expired = [k for k, p in self._pending.items() if now - p.first_seen > self._timeout]
         return [self._incomplete(key, ErrorClass.INCOMPLETE_SAMPLE, f"no manifest within {self._timeout:.0f}s") for key in expired]
 
-    def _incomplete(self, key: tuple[str, str], error_class: ErrorClass, why: str) -> Rejected:
+    def _incomplete(self, key: tuple[str, str], error_class: ErrorClass, why: str) -> RejectedRecords:
         pending = self._pending.pop(key)
         request_id, attempt_id = key
-        return Rejected(error_class, f"attempt {attempt_id}: {len(pending.blocks)} block(s) but {why}",
+        return RejectedRecords(error_class, f"attempt {attempt_id}: {len(pending.blocks)} block(s) but {why}",
                         sorted(r.offset for r in pending.blocks.values()), request_id)
 
 
@@ -160,24 +160,24 @@ _Part = tuple[bytes, np.ndarray | None, np.ndarray | None]
 def _verified_parts(manifest: Manifest, blocks: dict[int, Record]) -> list[_Part]:
     missing = [b.index for b in manifest.blocks if b.index not in blocks]
     if missing:
-        raise Rejection(ErrorClass.INCOMPLETE_SAMPLE, f"manifest lists blocks {missing} that never arrived")
+        raise InvalidInput(ErrorClass.INCOMPLETE_SAMPLE, f"manifest lists blocks {missing} that never arrived")
     extra = sorted(set(blocks) - {b.index for b in manifest.blocks})
     if extra:
-        raise Rejection(ErrorClass.INCOMPLETE_SAMPLE, f"blocks {extra} are not in the manifest")
+        raise InvalidInput(ErrorClass.INCOMPLETE_SAMPLE, f"blocks {extra} are not in the manifest")
     parts = []
     for ref in manifest.blocks:
         try:
             header, raw = decode_block(blocks[ref.index].value)
         except CorruptBlock as exc:
-            raise Rejection(ErrorClass.CORRUPT_BLOCK, f"block {ref.index}: {exc}") from exc
+            raise InvalidInput(ErrorClass.CORRUPT_BLOCK, f"block {ref.index}: {exc}") from exc
         expected_shape = (ref.token_end - ref.token_start, len(manifest.layer_ids), manifest.hidden_size)
         if (header.token_start, header.token_end, header.checksum) != (ref.token_start, ref.token_end, ref.checksum):
-            raise Rejection(ErrorClass.CORRUPT_BLOCK, f"block {ref.index} does not match the manifest's token range or checksum")
+            raise InvalidInput(ErrorClass.CORRUPT_BLOCK, f"block {ref.index} does not match the manifest's token range or checksum")
         if header.shape != expected_shape or header.dtype is not manifest.dtype:
-            raise Rejection(ErrorClass.SHAPE_MISMATCH, f"block {ref.index} is {header.shape} {header.dtype.value}, "
+            raise InvalidInput(ErrorClass.SHAPE_MISMATCH, f"block {ref.index} is {header.shape} {header.dtype.value}, "
                                              f"the manifest says {expected_shape} {manifest.dtype.value}")
         if header.quantization != manifest.quantization:
-            raise Rejection(ErrorClass.CORRUPT_BLOCK, f"block {ref.index} holds {header.quantization or 'unquantized'} "
+            raise InvalidInput(ErrorClass.CORRUPT_BLOCK, f"block {ref.index} holds {header.quantization or 'unquantized'} "
                                                       f"rows, the manifest says {manifest.quantization or 'unquantized'}")
         if header.quantization is None:
             parts.append((raw, None, None))
@@ -185,6 +185,6 @@ def _verified_parts(manifest: Manifest, blocks: dict[int, Record]) -> list[_Part
         try:
             codes, scales = fp8_rows(header, raw)
         except CorruptBlock as exc:
-            raise Rejection(ErrorClass.CORRUPT_BLOCK, f"block {ref.index}: {exc}") from exc
+            raise InvalidInput(ErrorClass.CORRUPT_BLOCK, f"block {ref.index}: {exc}") from exc
         parts.append((b"", codes, scales))
     return parts

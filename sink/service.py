@@ -16,7 +16,7 @@ from pathlib import Path
 
 from confluent_kafka import Message, Producer
 
-from hsx.runtime.errors import Rejection, ServiceFailed
+from hsx.runtime.errors import InvalidInput, ServiceFailed
 from hsx.runtime.kafka import DeliveryFailed, RecordProducer, ensure_topics
 from hsx.runtime.kafka.config import MAX_MESSAGE_BYTES
 from hsx.runtime.kafka.dead_letters import DeadLetters
@@ -25,7 +25,7 @@ from hsx.runtime.kafka.watermarks import TopicPartitionKey
 from hsx.runtime.logs import record_fields
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import ErrorClass, HiddenStatesReady
-from hsx.sink.assembler import Record, Rejected, Sample
+from hsx.sink.assembler import Record, RejectedRecords, Sample
 from hsx.sink.encoding import encode
 from hsx.sink.memory import release_large_buffers_to_the_os
 from hsx.sink.options import SinkOptions
@@ -156,7 +156,7 @@ class Sink:
         if state is None:  # refused (see assigned): never processed, so never committed
             return
         result = state.assembler.add(Record(message.offset(), message.key(), message.value() or b"", message.headers()))
-        if isinstance(result, Rejected):
+        if isinstance(result, RejectedRecords):
             self._reject(state, result)
         elif isinstance(result, Sample):
             self._add_sample(state, result)
@@ -171,7 +171,7 @@ class Sink:
         elif stored.same_tokens:
             self._drop_duplicate(state, sample, stored.event)
         else:  # the same id for another prompt: keeping either silently would be wrong
-            self._reject(state, Rejected(
+            self._reject(state, RejectedRecords(
                 ErrorClass.CONFLICTING_DUPLICATE,
                 f"request id {request_id} is already in the dataset with other token ids",
                 sample.offsets, request_id, sample.manifest.model_dump_json().encode()))
@@ -196,12 +196,12 @@ class Sink:
         else:  # its first copy is in the open shard; its event comes with the shard
             self._done(state, sample.offsets)
 
-    def _reject(self, state: PartitionState, rejected: Rejected) -> None:
+    def _reject(self, state: PartitionState, rejected: RejectedRecords) -> None:
         """Dead-letter ``rejected``; its records are done once Kafka has the letter."""
         self.stats.add("rejected", label=rejected.error_class.value)
         key = rejected.request_id.encode() if rejected.request_id else None
         self._dead_letters.send(
-            self.topics.blocks_dlq, Rejection(rejected.error_class, rejected.reason), rejected.value, key,
+            self.topics.blocks_dlq, InvalidInput(rejected.error_class, rejected.reason), rejected.value, key,
             lambda: self._done(state, rejected.offsets),
             source_topic=state.topic, source_partition=state.partition, source_offset=rejected.offsets[-1])
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import torch
 from confluent_kafka import Message
 
-from hsx.dev.commands import extract_command
-from hsx.dev.spawn import HsxService
+from hsx.local.commands import extract_command
+from hsx.local.spawn import HsxService
 from hsx.runtime.settings import TopicSettings
 from hsx.runtime.tensors import TORCH_DTYPES
 from hsx.schemas import Manifest
-from hsx.sink.assembler import Assembler, Record, Rejected
+from hsx.sink.assembler import Assembler, Record, RejectedRecords
 
 
 def run_extractor(bootstrap: str, topics: TopicSettings, group: str, model: Path, log_path: Path, *extra: str,
@@ -41,7 +41,7 @@ def reassemble(records: list[Message]) -> dict[str, list[Sample]]:
     for record in records:
         result = assemblers[record.partition()].add(
             Record(record.offset(), record.key(), record.value(), record.headers()))
-        assert not isinstance(result, Rejected), result
+        assert not isinstance(result, RejectedRecords), result
         if result is not None:
             m = result.manifest
             hidden = torch.frombuffer(bytearray(result.hidden_states), dtype=TORCH_DTYPES[m.dtype])

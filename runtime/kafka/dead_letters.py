@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from hsx.runtime.errors import Rejection
+from hsx.runtime.errors import InvalidInput
 from hsx.runtime.kafka.producer import RecordProducer
 from hsx.runtime.logs import record_fields, redact
 from hsx.schemas import DlqHeaders
@@ -34,7 +34,7 @@ class DeadLetters:
     def send(
         self,
         topic: str,
-        rejection: Rejection,
+        rejection: InvalidInput,
         value: bytes | None,
         key: bytes | None,
         on_acked: Callable[[], None] | None = None,

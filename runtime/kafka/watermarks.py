@@ -16,8 +16,8 @@ TopicPartitionKey = tuple[str, int]
 @dataclass
 class _Partition:
     pending: set[int] = field(default_factory=set)
-    done_above: int = -1
-    """Highest offset seen so far; the position is this + 1 when nothing is pending."""
+    highest_tracked: int = -1
+    """Highest offset tracked so far; the position is this + 1 when nothing is pending."""
     committed: int | None = None
 
 
@@ -35,7 +35,7 @@ class Watermarks:
     def track(self, tp: TopicPartitionKey, offset: int) -> None:
         part = self._partitions.setdefault(tp, _Partition())
         part.pending.add(offset)
-        part.done_above = max(part.done_above, offset)
+        part.highest_tracked = max(part.highest_tracked, offset)
 
     def done(self, tp: TopicPartitionKey, offset: int) -> None:
         """Mark one offset finished. Unknown partitions (revoked meanwhile) are ignored."""
@@ -49,7 +49,7 @@ class Watermarks:
         part = self._partitions.get(tp)
         if part is None:
             return None
-        return min(part.pending) if part.pending else part.done_above + 1
+        return min(part.pending) if part.pending else part.highest_tracked + 1
 
     def to_commit(self) -> dict[TopicPartitionKey, int]:
         """Positions that moved since they were last marked committed."""

@@ -17,14 +17,14 @@ from hsx.extractor.completion import CompletionSender
 from hsx.extractor.connector.gather import gather_cpu
 from hsx.extractor.connector.metadata import SendJob
 from hsx.extractor.connector.sender import BlockSender
-from hsx.dev.topics import fresh_topic_settings
-from hsx.runtime.broker import free_port
+from hsx.local.topics import fresh_topic_settings
+from hsx.local.broker import free_port
 from hsx.runtime.kafka import RecordProducer, ensure_topics
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import BlockRecordHeaders, Codec, RecordKind
 from hsx.schemas.connector import CompletionReport, ConnectorConfig, RequestParams
 from tests.engine_helpers import reassemble
-from hsx.runtime.kafka.drain import drain
+from tests.drain import drain
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from hsx.extractor.completion import CompletionSender
 from hsx.extractor.connector.gather import gather_cpu
 from hsx.extractor.connector.sender import BlockSender
 from hsx.runtime.kafka import ensure_topics
-from hsx.runtime.kafka.drain import drain
+from tests.drain import drain
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.runtime.tensors import WIRE_DTYPES
 from hsx.schemas import Codec

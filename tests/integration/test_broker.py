@@ -10,7 +10,7 @@ import sys
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from hsx.runtime.broker import EmbeddedBroker, free_port
+from hsx.local.broker import EmbeddedBroker, free_port
 from hsx.runtime.kafka import ensure_topics
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 

@@ -12,12 +12,12 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from hsx import models
-from hsx.dev.topics import fresh_topics
+from hsx.local.topics import fresh_topics
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import DlqHeaders
 from hsx.reference import HFReference, max_relative_error
 from tests.engine_helpers import Sample, reassemble, run_extractor
-from hsx.runtime.kafka.drain import drain
+from tests.drain import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 

@@ -12,14 +12,14 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from hsx import models
-from hsx.dev.commands import extract_command
-from hsx.dev.scrape import get, metric
-from hsx.dev.spawn import HsxService
-from hsx.dev.topics import fresh_topics
+from hsx.local.commands import extract_command
+from hsx.local.scrape import get, metric
+from hsx.local.spawn import HsxService
+from hsx.local.topics import fresh_topics
 from hsx.runtime.kafka import consumer_config
 from hsx.runtime.settings import KafkaSettings
 from tests.engine_helpers import reassemble, run_extractor
-from hsx.runtime.kafka.drain import drain
+from tests.drain import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 

@@ -13,11 +13,11 @@ import pytest
 from confluent_kafka import Producer
 
 from hsx import models
-from hsx.dev.commands import extract_command
-from hsx.dev.spawn import HsxService
-from hsx.dev.topics import fresh_topics
+from hsx.local.commands import extract_command
+from hsx.local.spawn import HsxService
+from hsx.local.topics import fresh_topics
 from hsx.reference import HFReference, max_relative_error
-from hsx.runtime.kafka.drain import drain
+from tests.drain import drain
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import DlqHeaders, ErrorClass
 from tests.engine_helpers import Sample, reassemble

@@ -9,10 +9,10 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_INVALID, Consumer, TopicPartition
 
-from hsx.runtime.errors import Rejection
+from hsx.runtime.errors import InvalidInput
 from hsx.runtime.kafka import DeliveryFailed, RecordProducer, consumer_config, ensure_topics, make_producer
 from hsx.runtime.kafka.dead_letters import DeadLetters
-from hsx.runtime.kafka.drain import drain
+from tests.drain import drain
 from hsx.runtime.kafka.member import GroupMember
 from hsx.runtime.kafka.watermarks import TopicPartitionKey
 from hsx.runtime.settings import KafkaSettings, TopicSettings
@@ -106,7 +106,7 @@ def test_dead_letters_carry_the_rejection_and_count_as_done_when_acked(kafka: Ka
     topic = _topic(kafka, 0)
     letters = DeadLetters(RecordProducer.connect(kafka, "extractor"), "extractor")
     acked: list[bool] = []
-    letters.send(topic, Rejection(ErrorClass.PROMPT_TOO_LONG, "900 tokens; at most 511 fit"), b"original", b"r-1",
+    letters.send(topic, InvalidInput(ErrorClass.PROMPT_TOO_LONG, "900 tokens; at most 511 fit"), b"original", b"r-1",
                  lambda: acked.append(True), source_topic="prompts", source_partition=1, source_offset=7)
     letters.producer.flush(30)
     assert acked == [True]
@@ -126,7 +126,7 @@ def test_a_refused_dead_letter_is_fatal() -> None:
                                       **{"delivery.timeout.ms": 1000})
     letters = DeadLetters(producer, "sink")
     acked: list[bool] = []
-    letters.send("blocks.dlq", Rejection(ErrorClass.CORRUPT_BLOCK, "bad"), b"x", None, lambda: acked.append(True),
+    letters.send("blocks.dlq", InvalidInput(ErrorClass.CORRUPT_BLOCK, "bad"), b"x", None, lambda: acked.append(True),
                  source_topic="blocks", source_partition=0, source_offset=3)
     with pytest.raises(DeliveryFailed, match="Kafka refused a record for blocks.dlq"):
         producer.flush(10)

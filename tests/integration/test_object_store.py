@@ -12,8 +12,8 @@ from safetensors.torch import load
 from torch.utils.data import DataLoader
 
 from hsx.cli import main
-from hsx.dev.s3service import S3Service
-from hsx.dev.training_data import TrainingDataSpec, write_training_dataset
+from hsx.local.s3service import S3Service
+from hsx.local.training_data import TrainingDataSpec, write_training_dataset
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.sink.reader import open_dataset
 from hsx.sink.safetensors_io import RemoteShard

@@ -15,8 +15,8 @@ import torch
 from confluent_kafka import Producer
 from torch.utils.data import DataLoader
 
-from hsx.dev.topics import fresh_topic_settings
-from hsx.dev.training_data import TrainingDataSpec, write_training_dataset
+from hsx.local.topics import fresh_topic_settings
+from hsx.local.training_data import TrainingDataSpec, write_training_dataset
 from hsx.runtime.kafka import ensure_topics, producer_config
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady

@@ -10,13 +10,13 @@ import orjson
 import pytest
 
 from hsx.cli import main
-from hsx.dev.topics import fresh_topic_settings
+from hsx.local.topics import fresh_topic_settings
 from hsx.producer.inputs import InputSpec, read_input
 from hsx.producer.publisher import Publisher
 from hsx.runtime.kafka import RecordProducer, ensure_topics
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import DlqHeaders, PromptEvent
-from hsx.runtime.kafka.drain import drain
+from tests.drain import drain
 from tests.unit.input_files import CHAT_MAPPING, chat_rows, write_jsonl, write_parquet
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""The S3 test harness (:mod:`hsx.dev.s3server`) against a real server: what the
+"""The S3 test harness (:mod:`hsx.local.s3server`) against a real server: what the
 dataset tests rely on it for (byte-exact ranged reads, refused keys, missing
 buckets, an outage that ends) holds, so a failure there is the product's."""
 
@@ -18,8 +18,8 @@ import obstore
 import pytest
 from obstore.store import S3Store
 
-from hsx.dev.s3server import LocalS3, dev_s3
-from hsx.dev.s3service import S3Error, S3Service, external_s3
+from hsx.local.s3server import LocalS3, dev_s3
+from hsx.local.s3service import S3Error, S3Service, external_s3
 
 
 def _split(url: str) -> tuple[str, str]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from hsx.dev.topics import fresh_topics
+from hsx.local.topics import fresh_topics
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.schemas.shard import ShardMetadata
@@ -97,7 +97,7 @@ def test_fp8_block_records_are_stored_by_every_codec(kafka: KafkaSettings, tmp_p
     """fp8 on the wire: ``fp8``/``fp8-zstd`` keep the codes as sent (so the
     reader's values are exactly their dequantization), the others store them
     dequantized to the manifest's bfloat16; a corrupt fp8 block goes to the DLQ."""
-    from hsx.runtime.kafka.drain import drain
+    from tests.drain import drain
     from hsx.schemas import DlqHeaders
     from hsx.schemas import Manifest
     from hsx.schemas.codec import decode_block, read_header

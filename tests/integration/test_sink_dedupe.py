@@ -10,12 +10,12 @@ from pathlib import Path
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
-from hsx.dev.commands import sink_command
-from hsx.dev.datasets import write_tiny_dataset
-from hsx.dev.spawn import HsxService
-from hsx.dev.topics import fresh_topics
+from hsx.local.commands import sink_command
+from hsx.local.datasets import write_tiny_dataset
+from hsx.local.spawn import HsxService
+from hsx.local.topics import fresh_topics
 from hsx.runtime.kafka.config import client_config
-from hsx.runtime.kafka.drain import drain
+from tests.drain import drain
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import HiddenStatesReady, ShardIndex
 from hsx.sink.shards import INDEX, shard_stem

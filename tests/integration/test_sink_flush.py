@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from hsx.dev.commands import sink_command
-from hsx.dev.spawn import HsxService
-from hsx.dev.topics import fresh_topics
-from hsx.runtime.kafka.drain import drain
+from hsx.local.commands import sink_command
+from hsx.local.spawn import HsxService
+from hsx.local.topics import fresh_topics
+from tests.drain import drain
 from hsx.runtime.settings import KafkaSettings
 from tests.reliability.harness import index_counts, publish
 from tests.unit.test_assembler import records

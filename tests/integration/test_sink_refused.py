@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from hsx.dev.commands import sink_command
-from hsx.dev.spawn import HsxService, cpu_engine_env
-from hsx.dev.topics import fresh_topics
+from hsx.local.commands import sink_command
+from hsx.local.spawn import HsxService, cpu_engine_env
+from hsx.local.topics import fresh_topics
 from hsx.runtime.kafka import ensure_topics
 from hsx.runtime.kafka.config import client_config
-from hsx.runtime.kafka.drain import drain
+from tests.drain import drain
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import HiddenStatesReady
 from tests.reliability.harness import committed, dead_letters, index_counts, publish, wait_until

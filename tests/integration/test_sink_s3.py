@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from hsx.dev.commands import sink_command
-from hsx.dev.s3service import S3Service
-from hsx.dev.spawn import HsxService, cpu_engine_env
-from hsx.dev.topics import fresh_topics
-from hsx.runtime.kafka.drain import drain
+from hsx.local.commands import sink_command
+from hsx.local.s3service import S3Service
+from hsx.local.spawn import HsxService, cpu_engine_env
+from hsx.local.topics import fresh_topics
+from tests.drain import drain
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady
 from hsx.sink.reader import open_dataset

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
-from hsx.dev.training_data import TrainingDataSpec, write_training_dataset
+from hsx.local.training_data import TrainingDataSpec, write_training_dataset
 from hsx.trainer import HsxDataset, PackedCollate
 from hsx.trainer.export import export_speculators
 

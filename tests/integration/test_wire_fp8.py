@@ -20,9 +20,9 @@ from confluent_kafka import Message, Producer
 from safetensors import safe_open
 
 from hsx import models
-from hsx.dev.topics import fresh_topics
+from hsx.local.topics import fresh_topics
 from hsx.reference import HFReference, max_relative_error
-from hsx.runtime.kafka.drain import drain
+from tests.drain import drain
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import Codec, DType, Manifest, RecordKind
 from hsx.schemas.codec import encode_block

@@ -1,7 +1,7 @@
 """Fault-test tools: the services' command lines for these tests, records as
 any client could publish them, the checks every fault test ends with, and the
-figures the README quotes. The services run as :class:`hsx.dev.spawn.HsxService`
-processes on :func:`hsx.dev.topics.fresh_topics`."""
+figures the README quotes. The services run as :class:`hsx.local.spawn.HsxService`
+processes on :func:`hsx.local.topics.fresh_topics`."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import orjson
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
-from hsx.dev.commands import extract_command, sink_command
-from hsx.runtime.kafka.drain import drain
+from hsx.local.commands import extract_command, sink_command
+from tests.drain import drain
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import DlqHeaders, HiddenStatesReady
 from hsx.sink.assembler import Record

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from hsx import models
-from hsx.dev.spawn import HsxService
-from hsx.dev.topics import fresh_topics
+from hsx.local.spawn import HsxService
+from hsx.local.topics import fresh_topics
 from hsx.runtime.settings import KafkaSettings
 from tests.reliability.harness import (
     as_records, check_exactly_once, extract_args, index_counts, publish, record_figures, sink_args, text_prompts,

@@ -9,8 +9,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from hsx.dev.spawn import HsxService
-from hsx.dev.topics import fresh_topics
+from hsx.local.spawn import HsxService
+from hsx.local.topics import fresh_topics
 from hsx.runtime.settings import KafkaSettings
 from hsx.sink.assembler import Record
 from tests.reliability.harness import dead_letters, index_counts, publish, record_figures, sink_args

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from hsx import models
-from hsx.dev.spawn import HsxService
-from hsx.dev.topics import fresh_topics
+from hsx.local.spawn import HsxService
+from hsx.local.topics import fresh_topics
 from hsx.reference import max_relative_error
 from hsx.runtime.settings import KafkaSettings
 from hsx.sink.reader import open_dataset

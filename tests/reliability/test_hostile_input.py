@@ -12,9 +12,9 @@ import orjson
 import pytest
 
 from hsx import models
-from hsx.dev.spawn import HsxService
-from hsx.dev.topics import fresh_topics
-from hsx.runtime.kafka.drain import drain
+from hsx.local.spawn import HsxService
+from hsx.local.topics import fresh_topics
+from tests.drain import drain
 from hsx.runtime.settings import KafkaSettings
 from hsx.sink.reader import open_dataset
 from tests.reliability.harness import dead_letters, extract_args, index_counts, publish, record_figures, sink_args

@@ -33,11 +33,11 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from hsx import models
-from hsx.dev.commands import extract_command, produce_command, sink_command
-from hsx.dev.spawn import HsxService, cpu_engine_env
-from hsx.dev.topics import fresh_topics
+from hsx.local.commands import extract_command, produce_command, sink_command
+from hsx.local.spawn import HsxService, cpu_engine_env
+from hsx.local.topics import fresh_topics
 from hsx.reference import max_relative_error
-from hsx.runtime.broker import EmbeddedBroker, free_port
+from hsx.local.broker import EmbeddedBroker, free_port
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.sink.reader import open_dataset
 from tests.reliability.harness import check_exactly_once, dead_letters, index_counts, record_figures, wait_until

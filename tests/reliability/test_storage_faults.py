@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hsx.dev.spawn import HsxService
-from hsx.dev.topics import fresh_topics
+from hsx.local.spawn import HsxService
+from hsx.local.topics import fresh_topics
 from hsx.runtime.settings import KafkaSettings
 from tests.reliability.harness import committed, index_counts, publish, record_figures, sink_args, wait_until
 from tests.unit.test_assembler import records

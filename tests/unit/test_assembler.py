@@ -11,7 +11,7 @@ import torch
 
 from hsx.schemas import BlockRecordHeaders, BlockRef, Codec, DType, Manifest, RecordKind, SourceRef
 from hsx.schemas.codec import encode_block, read_header
-from hsx.sink.assembler import Assembler, Record, Rejected, Sample
+from hsx.sink.assembler import Assembler, Record, RejectedRecords, Sample
 
 LAYERS, HIDDEN = 2, 16
 
@@ -39,7 +39,7 @@ def records(request_id: str = "r-1", tokens: int = 10, per_block: int = 4, attem
     return out, hidden
 
 
-def feed(assembler: Assembler, recs: list[Record]) -> list[Sample | Rejected]:
+def feed(assembler: Assembler, recs: list[Record]) -> list[Sample | RejectedRecords]:
     return [r for r in (assembler.add(rec) for rec in recs) if r is not None]
 
 
@@ -55,9 +55,9 @@ def test_interleaved_requests_reassemble_bit_exact() -> None:
     assert by_id["a"].offsets == [0, 1, 2, 3] and by_id["b"].offsets == [100, 101]
 
 
-def _rejected(recs: list[Record]) -> Rejected:
+def _rejected(recs: list[Record]) -> RejectedRecords:
     (result,) = feed(Assembler(), recs)
-    assert isinstance(result, Rejected)
+    assert isinstance(result, RejectedRecords)
     return result
 
 
@@ -90,7 +90,7 @@ def test_blocks_from_another_attempt_do_not_count() -> None:
     assembler = Assembler()
     assert feed(assembler, old[:-1] + new[:1]) == []
     (result,) = feed(assembler, [new[-1]])
-    assert isinstance(result, Rejected) and result.error_class == "incomplete_sample"
+    assert isinstance(result, RejectedRecords) and result.error_class == "incomplete_sample"
 
 
 def test_blocks_whose_manifest_never_comes_expire() -> None:

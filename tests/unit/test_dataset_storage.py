@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 
 from hsx.cli import main
-from hsx.dev.training_data import TrainingDataSpec, write_training_dataset
+from hsx.local.training_data import TrainingDataSpec, write_training_dataset
 from hsx.runtime.tensors import TORCH_DTYPES
 from hsx.schemas import DType, HiddenStatesReady
 from hsx.schemas.dataset_codec import DatasetCodec

@@ -20,7 +20,7 @@ from hsx.schemas.codec import MAGIC, CorruptBlock, decode_block, encode_block, f
 from hsx.schemas.dataset_codec import DatasetCodec, decode_sample, read_fp8
 from hsx.schemas.fp8 import from_fp8, to_fp8, widen
 from hsx.schemas.fp8_blocks import encode_fp8_block, fp8_rows, quantize_block
-from hsx.sink.assembler import Assembler, Record, Rejected, Sample
+from hsx.sink.assembler import Assembler, Record, RejectedRecords, Sample
 from hsx.sink.encoding import encode
 from tests.unit.test_dataset_storage import assert_decoded
 
@@ -167,7 +167,7 @@ def fp8_records(request_id: str = "f-1", tokens: int = 11, per_block: int = 4, d
     return out, hidden
 
 
-def _assemble(recs: list[Record]) -> Sample | Rejected:
+def _assemble(recs: list[Record]) -> Sample | RejectedRecords:
     assembler = Assembler()
     (result,) = [r for r in map(assembler.add, recs) if r is not None]
     return result
@@ -230,7 +230,7 @@ def test_a_corrupt_fp8_block_is_dead_lettered_with_its_reason() -> None:
     dlq_value = manifest.model_copy(update={"blocks": refs}).model_dump_json().encode()
     recs[-1] = Record(recs[-1].offset, recs[-1].key, dlq_value, recs[-1].headers)
     result = _assemble(recs)
-    assert isinstance(result, Rejected) and result.error_class is ErrorClass.CORRUPT_BLOCK
+    assert isinstance(result, RejectedRecords) and result.error_class is ErrorClass.CORRUPT_BLOCK
     assert result.reason.startswith("block 1: malformed fp8 row at token 7, layer 0"), result.reason
     assert result.value == dlq_value  # the manifest goes to the DLQ, as for any rejected sample
 
@@ -241,5 +241,5 @@ def test_blocks_that_disagree_with_the_manifests_quantization_are_rejected() -> 
     plain = Manifest(**{**manifest.model_dump(), "quantization": None})
     recs[-1] = Record(recs[-1].offset, recs[-1].key, plain.model_dump_json().encode(), recs[-1].headers)
     result = _assemble(recs)
-    assert isinstance(result, Rejected) and result.error_class is ErrorClass.CORRUPT_BLOCK
+    assert isinstance(result, RejectedRecords) and result.error_class is ErrorClass.CORRUPT_BLOCK
     assert "block 0 holds fp8 rows, the manifest says unquantized" in result.reason

@@ -7,7 +7,7 @@ import time
 import pytest
 from prometheus_client import Counter
 
-from hsx.dev.scrape import get
+from hsx.local.scrape import get
 from hsx.runtime.health import HealthServer
 
 PROBE = Counter("hsx_test_probe", "A counter only this test moves")

@@ -71,7 +71,7 @@ def test_template_without_stable_prefixes_is_refused(tokenizer) -> None:  # type
 
 
 def test_turn_by_turn_regeneration_places_each_answer_after_its_template_piece(tokenizer) -> None:  # type: ignore[no-untyped-def]
-    from hsx.extractor.regeneration import follow
+    from hsx.extractor.regeneration import tokens_after_answer
 
     preparer = PromptPreparer(tokenizer, len(tokenizer), 512)
     prepared = preparer.prepare(event(messages=CHAT, generation={"max_tokens": 4}))
@@ -82,7 +82,7 @@ def test_turn_by_turn_regeneration_places_each_answer_after_its_template_piece(t
     assert "bye" in between and "hi" not in between and between.endswith("assistant\n")
     assert prepared.loss_mask_spans == []  # the given answers are replaced, not learned from
     # An answer that generated the end-of-turn token itself is not closed twice.
-    assert follow([5, piece[0]], piece) == piece[1:] and follow([5, 6], piece) == piece
+    assert tokens_after_answer([5, piece[0]], piece) == piece[1:] and tokens_after_answer([5, 6], piece) == piece
 
 
 def test_generation_must_fit_with_every_answer(tokenizer) -> None:  # type: ignore[no-untyped-def]

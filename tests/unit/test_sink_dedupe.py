@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hsx.dev.datasets import tiny_sample, write_tiny_dataset
+from hsx.local.datasets import tiny_sample, write_tiny_dataset
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas.shard import TopicRecord
 from hsx.schemas.keys import KEY_RECORD, KEYS_MAGIC, decode_keys, encode_keys, request_key, token_key

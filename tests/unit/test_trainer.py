@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from hsx.cli import main
-from hsx.dev.training_data import TrainingDataSpec, write_training_dataset
+from hsx.local.training_data import TrainingDataSpec, write_training_dataset
 from hsx.schemas.training import OnlineLoaderState
 from hsx.sink.reader import open_dataset
 from hsx.trainer import HsxDataset, PackedCollate, PaddedCollate, choose_layers
@@ -156,7 +156,7 @@ def test_trainer_imports_only_the_rooms_below_it() -> None:
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             for name in names:
-                # hsx.sink.reader is the room sink; hsx.cli, hsx.dev ... are the room hsx.
+                # hsx.sink.reader is the room sink; hsx.cli, hsx.local ... are the room hsx.
                 parts = name.split(".")
                 top = parts[1] if parts[0] == "hsx" and len(parts) > 1 and parts[1] in rooms else parts[0]
                 assert top not in rooms - allowed, f"{path.name} imports {name}"

@@ -3,7 +3,7 @@ the ``AWS_*`` environment that points product code (obstore reads it) at it, an
 :mod:`obstore` store per bucket, and bucket creation (``PUT /bucket``, presigned
 by obstore: its API has no call for it, and the same request works on SeaweedFS,
 MinIO and AWS alike). :func:`external_s3` describes the one that
-``HSX_TEST_S3_ENDPOINT`` names; :mod:`hsx.dev.s3server` runs a local one.
+``HSX_TEST_S3_ENDPOINT`` names; :mod:`hsx.local.s3server` runs a local one.
 """
 
 from __future__ import annotations

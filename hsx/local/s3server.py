@@ -4,7 +4,7 @@
 (SeaweedFS: master, volume server, filer and S3 gateway in one process) on
 loopback, with one identity whose keys are generated per server, so a request
 signed with any other key is refused as it would be by a real S3 service. It is
-an :class:`~hsx.dev.s3service.S3Service`. :func:`dev_s3` yields the S3 service
+an :class:`~hsx.local.s3service.S3Service`. :func:`dev_s3` yields the S3 service
 named by ``HSX_TEST_S3_ENDPOINT`` when that is set, else a :class:`LocalS3`.
 """
 
@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
-from hsx.dev.s3service import ENDPOINT_ENV, S3Service, error_of, external_s3
+from hsx.local.s3service import ENDPOINT_ENV, S3Service, error_of, external_s3
 
 log = logging.getLogger(__name__)
 

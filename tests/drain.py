@@ -1,5 +1,5 @@
-"""Reading a whole topic with a throw-away consumer group: for the demo's checks
-and for tests, never for the services' own loops."""
+"""Reading a whole topic with a throw-away consumer group: for tests' checks,
+never for the services' own loops."""
 
 from __future__ import annotations
 
