@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader
 
 from bench.sink_scale import standalone
 from hsx.local.training_data import TrainingDataSpec, write_training_dataset
-from hsx.sink.shards import SHARDS
+from hsx.dataset.shards import SHARDS
 from hsx.trainer import HsxDataset, PackedCollate
 
 TOTAL = 2048

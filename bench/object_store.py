@@ -25,7 +25,7 @@ local side's temp directory. Hidden states are bfloat16, 4 layers x 2,048
   pages); the page cache is warm on both sides. Median of many.
 * **A 1 GiB shard** (``--quick``: 128 MiB), in a process of its own per side:
   the open shard (64 samples of 1,024 tokens) built in memory, then
-  :func:`hsx.sink.shards.write_shard` to S3 (``--upload-part-bytes`` default
+  :func:`hsx.dataset.shards.write_shard` to S3 (``--upload-part-bytes`` default
   16 MiB) and to disk; peak RSS during the write (``VmHWM``, reset just before
   it) minus RSS before it, and the write's MB/s. Then the shard read back
   sequentially in a fresh process, ``open_dataset`` iteration (64 MiB windows
@@ -71,7 +71,7 @@ from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import BlockRef, Codec, DType, Manifest, SourceRef
 from hsx.schemas.blocks import BlockRecordHeaders, RecordKind
 from hsx.schemas.codec import encode_block, read_header
-from hsx.sink.storage.s3 import DEFAULT_PART_BYTES as PART_BYTES, UPLOAD_CONCURRENCY
+from hsx.dataset.storage.s3 import DEFAULT_PART_BYTES as PART_BYTES, UPLOAD_CONCURRENCY
 
 LAYERS = 4
 HIDDEN = 2048
@@ -173,7 +173,7 @@ def sink_round(kafka: KafkaSettings, topics: TopicSettings, output: str, samples
 def warm_up(url: str) -> None:
     """An untimed 64 MiB object written and deleted: a SeaweedFS bucket takes its
     volumes at the first write, which the first timed round would otherwise pay."""
-    from hsx.sink.storage import open_storage
+    from hsx.dataset.storage import open_storage
 
     storage = open_storage(url, create=True)
     with storage.open_atomic("warm-up") as out:
@@ -196,7 +196,7 @@ def touch(sample: dict[str, Any], into: torch.Tensor) -> int:
 def random_samples(datasets: dict[str, str], picks: int, seed: int = 1) -> dict[str, dict[str, list[float]]]:
     """Seconds of ``open_dataset(...)[request_id]`` (plus the copy), cold and warm,
     per side; both sides read the same samples, in alternating order."""
-    from hsx.sink.reader import ShardHandles, open_dataset
+    from hsx.dataset.reader import ShardHandles, open_dataset
 
     opened = {side: open_dataset(url) for side, url in datasets.items()}
     ids = opened["disk"].request_ids()
@@ -264,10 +264,10 @@ class Peak:
 def child_write(url: str, shard_bytes: int) -> dict[str, Any]:
     """Build an open shard of ``shard_bytes`` of hidden states (1,024-token
     samples), then ``write_shard`` it to ``url`` as the sink does."""
-    from hsx.sink.assembler import Sample
+    from hsx.dataset.sample import Sample
     from hsx.sink.memory import release_large_buffers_to_the_os
-    from hsx.sink.shards import OpenShard, write_shard
-    from hsx.sink.storage import open_storage
+    from hsx.dataset.shards import OpenShard, write_shard
+    from hsx.dataset.storage import open_storage
 
     release_large_buffers_to_the_os()  # as the sink does at its start
     storage = open_storage(url, create=True)
@@ -291,7 +291,7 @@ def child_write(url: str, shard_bytes: int) -> dict[str, Any]:
 def child_read(url: str) -> dict[str, Any]:
     """The dataset's shard read sequentially by ``open_dataset`` iteration, then
     the shard object read whole."""
-    from hsx.sink.reader import open_dataset
+    from hsx.dataset.reader import open_dataset
 
     ds = open_dataset(url)
     buffer = torch.empty(max(ds.event(r).num_tokens for r in ds.request_ids()) * ROW, dtype=torch.uint8)

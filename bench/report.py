@@ -505,7 +505,7 @@ def object_store_section(r: dict[str, Any]) -> list[str]:
         f"{_fmt(g('object_store_sample_s3_warm_ms'))} | {_fmt(g('object_store_sample_warm_s3_over_disk'))} |",
         "",
         f"**A {shard} MiB shard** ({g('object_store_shard_samples')} samples of 1,024 tokens), in a process of its "
-        "own per side: the open shard built in memory, then `hsx.sink.shards.write_shard` (as the sink calls it, "
+        "own per side: the open shard built in memory, then `hsx.dataset.shards.write_shard` (as the sink calls it, "
         f"upload parts of {g('object_store_upload_part_mib')} MiB, 4 in flight); peak RSS during the write "
         "(`VmHWM`, reset just before it) minus RSS before it. Then the shard read back in a fresh process, "
         "`open_dataset` iteration (S3: 64 MiB windows of coalesced ranged GETs; disk: memory-mapped), each "

@@ -42,7 +42,7 @@ from hsx.local.spawn import HsxService
 from hsx.local.topics import fresh_topics
 from hsx.local.broker import dev_bootstrap
 from hsx.runtime.settings import KafkaSettings, TopicSettings
-from hsx.sink.storage import LocalStorage
+from hsx.dataset.storage import LocalStorage
 
 ROOT = Path(__file__).resolve().parent.parent
 PER_SHARD = 10_000

@@ -7,7 +7,7 @@ engine produces them; the demo prompts' states repeated to the length):
 * ``codec``: :func:`hsx.schemas.codec.encode_block` of every 1 MiB block, one thread;
 * ``sink_decode``: :func:`hsx.schemas.codec.decode_block` of those records (checksums
   included), what the sink does per record;
-* ``sink_write``: :func:`hsx.sink.shards.write_shard` of one sample (safetensors,
+* ``sink_write``: :func:`hsx.dataset.shards.write_shard` of one sample (safetensors,
   fsync, rename, index) to a local directory.
 
 Prefill vs length is measured on the engines (``bench.extraction``).
@@ -31,9 +31,9 @@ from hsx.extractor.connector.gather import gather_cpu
 from hsx.schemas import Codec, DType, Manifest, SourceRef
 from hsx.schemas.blocks import BlockRef
 from hsx.schemas.codec import decode_block, encode_block, read_header
-from hsx.sink.assembler import Sample
-from hsx.sink.shards import OpenShard, write_shard
-from hsx.sink.storage import LocalStorage
+from hsx.dataset.sample import Sample
+from hsx.dataset.shards import OpenShard, write_shard
+from hsx.dataset.storage import LocalStorage
 
 LENGTHS = [256, 512, 1024, 2048, 4096]
 BLOCK_SIZE = 128  # tokens per paged-cache block on vLLM's CPU backend

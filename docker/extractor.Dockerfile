@@ -15,6 +15,7 @@ COPY schemas ./schemas
 COPY producer ./producer
 COPY extractor ./extractor
 COPY sink ./sink
+COPY dataset ./dataset
 COPY trainer ./trainer
 RUN uv pip list --system --format=freeze > /tmp/image-packages.txt \
     && uv pip install --system --no-cache --constraint /tmp/image-packages.txt . \

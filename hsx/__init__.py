@@ -7,7 +7,7 @@ the wire contracts (:mod:`hsx.schemas`) and shared helpers (:mod:`hsx.runtime`).
 
 The public API, importable from ``hsx`` itself:
 
-- :func:`open_dataset` and :func:`follow` (:mod:`hsx.sink.reader`): read a dataset
+- :func:`open_dataset` and :func:`follow` (:mod:`hsx.dataset.reader`): read a dataset
   the sink wrote, or follow it as ``hidden_states.ready`` events arrive.
 - :class:`HsxDataset`, :class:`ReadyStream` and :class:`PackedCollate`
   (:mod:`hsx.trainer`): PyTorch loaders and speculators' EAGLE-3 batches (need torch).
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hsx.schemas import PromptEvent
-    from hsx.sink.reader import follow, open_dataset
+    from hsx.dataset.reader import follow, open_dataset
     from hsx.trainer.collate import PackedCollate
     from hsx.trainer.dataset import HsxDataset
     from hsx.trainer.online import ReadyStream
@@ -34,8 +34,8 @@ __all__ = ["HsxDataset", "PackedCollate", "PromptEvent", "ReadyStream", "follow"
 
 # Public name -> the module that defines it; keep in step with the TYPE_CHECKING block.
 _LAZY = {
-    "open_dataset": "hsx.sink.reader",
-    "follow": "hsx.sink.reader",
+    "open_dataset": "hsx.dataset.reader",
+    "follow": "hsx.dataset.reader",
     "HsxDataset": "hsx.trainer.dataset",
     "ReadyStream": "hsx.trainer.online",
     "PackedCollate": "hsx.trainer.collate",

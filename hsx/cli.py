@@ -24,7 +24,7 @@ SERVICE_COMMANDS = [
     ("produce", "publish prompts from a file (JSONL, JSON, Parquet, Arrow, datasets)", "hsx.producer.cli"),
     ("extract", "consume prompts and extract hidden states with vLLM", "hsx.extractor.cli"),
     ("sink", "write hidden-state blocks to a sharded safetensors dataset", "hsx.sink.cli"),
-    ("inspect", "summarize a dataset or one of its shards", "hsx.sink.inspect"),
+    ("inspect", "summarize a dataset or one of its shards", "hsx.dataset.inspect"),
     ("export", "write a dataset in another trainer's layout (speculators)", "hsx.trainer.export"),
     ("run", "the whole pipeline on one machine: your prompts in, a dataset out", "hsx.run"),
     ("demo", "run the whole pipeline on a small bundled prompt mix", "hsx.demo"),

@@ -29,8 +29,8 @@ from hsx.local.s3server import LocalS3, dev_s3
 from hsx.local.broker import dev_bootstrap
 from hsx.runtime.checks import writable_dir
 from hsx.runtime.errors import ExitCode, UsageError
-from hsx.sink.reader import open_dataset
-from hsx.sink.shards import DATASET_FOLDERS
+from hsx.dataset.reader import open_dataset
+from hsx.dataset.shards import DATASET_FOLDERS
 
 DEMO_PROMPTS = "demo_prompts.jsonl"
 MODEL = "smollm2-135m-instruct"
@@ -93,7 +93,7 @@ def _empty(url: str) -> None:
     demo empties ``out/demo``."""
     import obstore
 
-    from hsx.sink.storage.s3 import S3Storage
+    from hsx.dataset.storage.s3 import S3Storage
 
     store = S3Storage(url).store
     for batch in obstore.list(store):

@@ -46,9 +46,9 @@ from hsx.runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettin
 from hsx.schemas import Topics
 from hsx.schemas.connector import WireDType
 from hsx.schemas.dataset_codec import DatasetCodec
-from hsx.sink.reader import Dataset
+from hsx.dataset.reader import Dataset
 from hsx.sink.service import dataset_name
-from hsx.sink.storage import is_object_store, open_storage
+from hsx.dataset.storage import is_object_store, open_storage
 from hsx.summary import RunReport, render
 
 LOST_AFTER_SECONDS = 120.0

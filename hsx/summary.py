@@ -8,7 +8,7 @@ from typing import Any
 
 from hsx.ledger import Ledger
 from hsx.producer.publisher import PublishSummary
-from hsx.sink.storage import open_storage
+from hsx.dataset.storage import open_storage
 
 
 @dataclass

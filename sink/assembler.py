@@ -20,6 +20,7 @@ import numpy as np
 import orjson
 from pydantic import ValidationError
 
+from hsx.dataset.sample import Sample
 from hsx.runtime.errors import InvalidInput
 from hsx.schemas import BlockRecordHeaders, ErrorClass, Manifest, RecordKind, format_validation_error
 from hsx.schemas.codec import CorruptBlock, decode_block
@@ -35,32 +36,6 @@ class Record:
     key: bytes | None
     value: bytes
     headers: list[tuple[str, bytes | None]] | None
-
-
-@dataclass
-class Sample:
-    """A verified sample: its manifest and the raw bytes of ``[T, L, H]``, or,
-    once :func:`hsx.sink.encoding.encode` ran, the bytes its shard stores."""
-
-    manifest: Manifest
-    hidden_states: bytes
-    offsets: list[int]
-    """Offsets of all its records (blocks and manifest) in the partition."""
-    records: list[bytes] = field(default_factory=list)
-    """Its block records in manifest order, each verified: ``byteplane-zstd``
-    keeps them instead of encoding again. Dropped once encoded."""
-    codec: DatasetCodec = DatasetCodec.RAW
-    """How ``hidden_states`` is encoded."""
-    checksum: str | None = None
-    """Of the raw bytes, kept when ``hidden_states`` no longer holds them."""
-    fp8: tuple[np.ndarray, np.ndarray] | None = None
-    """A sample sent as fp8 (its manifest's ``quantization``): its verified
-    ``(codes [T, L, H] uint8, scales [T, L] float32)`` as the extractor sent them;
-    ``hidden_states`` is then empty until :func:`hsx.sink.encoding.encode` stores them."""
-
-    @property
-    def manifest_offset(self) -> int:
-        return self.offsets[-1]
 
 
 @dataclass

@@ -14,8 +14,8 @@ from hsx.runtime.logs import redact_secrets
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.sink.options import SinkOptions
 from hsx.sink.service import Sink
-from hsx.sink.storage import is_object_store, open_storage
-from hsx.sink.storage.s3 import MIN_PART_BYTES
+from hsx.dataset.storage import is_object_store, open_storage
+from hsx.dataset.storage.s3 import MIN_PART_BYTES
 
 _DEFAULTS = SinkOptions(output=".")
 

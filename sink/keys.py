@@ -22,8 +22,8 @@ import numpy as np
 
 from hsx.schemas import ShardIndex
 from hsx.schemas.keys import KEY_RECORD, decode_keys, encode_keys, request_key, token_key
-from hsx.sink.shards import INDEX, KEYS, partition_stems, stem_offset, stored_token_ids
-from hsx.sink.storage import Storage
+from hsx.dataset.shards import INDEX, KEYS, partition_stems, stem_offset, stored_token_ids
+from hsx.dataset.storage import Storage
 
 log = logging.getLogger(__name__)
 

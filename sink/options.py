@@ -10,7 +10,7 @@ from hsx.schemas.dataset_codec import DatasetCodec
 @dataclass(frozen=True)
 class SinkOptions:
     output: str
-    """The dataset: a directory or ``s3://bucket/prefix`` (:mod:`hsx.sink.storage`)."""
+    """The dataset: a directory or ``s3://bucket/prefix`` (:mod:`hsx.dataset.storage`)."""
     group_id: str = "hsx-sink"
     dataset: str | None = None
     """Name used in the deterministic ready-event ids (default: the output's last path part)."""
@@ -37,7 +37,7 @@ class SinkOptions:
     exactly_once: bool = False
     """Publish ready events and commit offsets in one Kafka transaction."""
     dataset_codec: DatasetCodec = DatasetCodec.RAW
-    """How shards store hidden states (``hsx.sink.encoding``); raw by default, so any
+    """How shards store hidden states (``hsx.dataset.encoding``); raw by default, so any
     safetensors reader loads them."""
     upload_part_bytes: int = 16 << 20
     """Multipart part size for an object-store output (at least S3's 5 MiB)."""

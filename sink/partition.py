@@ -13,10 +13,10 @@ from hsx.schemas import HiddenStatesReady, ShardIndex
 from hsx.schemas.keys import token_key
 from hsx.sink.assembler import Assembler
 from hsx.sink.keys import KeyIndex, load_keys
-from hsx.sink.shards import (
+from hsx.dataset.shards import (
     INDEX, OpenShard, partition_prefix, partition_stems, prefixed_stem, remove_orphans, shard_keys,
 )
-from hsx.sink.storage import Storage
+from hsx.dataset.storage import Storage
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from pydantic import ValidationError
 
 from hsx.runtime.errors import HsxError
 from hsx.schemas.shard import TopicRecord
-from hsx.sink.shards import TOPICS, safe_name
-from hsx.sink.storage import Storage
+from hsx.dataset.shards import TOPICS, safe_name
+from hsx.dataset.storage import Storage
 
 
 class PartitionCountChanged(HsxError):

@@ -1,5 +1,5 @@
 """Training on hsx data: PyTorch loaders and batches for speculators' EAGLE-3
-trainer. Built on ``hsx.sink.reader``; imports only ``hsx.sink``, ``hsx.runtime`` and ``hsx.schemas``.
+trainer. Built on ``hsx.dataset.reader``; imports only ``hsx.sink``, ``hsx.runtime`` and ``hsx.schemas``.
 
 - :class:`~hsx.trainer.dataset.HsxDataset`: map-style, random access by row or request id.
 - :class:`~hsx.trainer.online.ReadyStream`: iterable over ``hidden_states.ready``, for

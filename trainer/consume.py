@@ -18,7 +18,7 @@ from hsx.runtime.recent import RecentKeys
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady, format_validation_error
 from hsx.schemas.training import LossMaskPolicy
-from hsx.sink.reader import ShardHandles
+from hsx.dataset.reader import ShardHandles
 from hsx.trainer.offsets import Position, Progress
 from hsx.trainer.samples import LayerLayout, TrainingSample, check_trainable, choose_layers, loss_mask, read_sample
 

@@ -23,7 +23,7 @@ import torch.utils.data
 
 from hsx.schemas import HiddenStatesReady
 from hsx.schemas.training import LossMaskPolicy
-from hsx.sink.reader import open_dataset
+from hsx.dataset.reader import open_dataset
 from hsx.trainer.samples import LayerLayout, TrainingSample, check_trainable, choose_layers, loss_mask, read_sample
 
 

@@ -57,8 +57,8 @@ from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import format_validation_error
 from hsx.schemas.topics import READY
 from hsx.schemas.training import LossMaskPolicy, OnlineLoaderState
-from hsx.sink.reader import ShardHandles
-from hsx.sink.storage import open_storage
+from hsx.dataset.reader import ShardHandles
+from hsx.dataset.storage import open_storage
 from hsx.trainer.consume import ConsumeOptions, consume
 from hsx.trainer.offsets import Position, Progress
 from hsx.trainer.samples import TrainingSample

@@ -14,8 +14,8 @@ import torch
 from hsx.schemas import HiddenStatesReady
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.schemas.training import LossMaskPolicy
-from hsx.sink.encoding import read_hidden_states
-from hsx.sink.safetensors_io import prefetch
+from hsx.dataset.encoding import read_hidden_states
+from hsx.dataset.safetensors_io import prefetch
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Datasets built without an engine or a broker, through the sink's own write
-path (:func:`hsx.sink.shards.write_shard`): for the sink's scale benchmark and the
+path (:func:`hsx.dataset.shards.write_shard`): for the sink's scale benchmark and the
 dedupe tests, which need many stored samples quickly."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import numpy as np
 
 from hsx.schemas import BlockRef, Codec, DType, Manifest, SourceRef
 from hsx.schemas.codec import checksum
-from hsx.sink.assembler import Sample
-from hsx.sink.shards import OpenShard, write_shard
-from hsx.sink.storage import Storage
+from hsx.dataset.sample import Sample
+from hsx.dataset.shards import OpenShard, write_shard
+from hsx.dataset.storage import Storage
 
 HIDDEN = 8
 _ROW = np.arange(HIDDEN, dtype=np.float32).tobytes()

@@ -1,5 +1,5 @@
 """Training datasets built without an engine, through the sink's own write path
-(:func:`hsx.sink.shards.write_shard`, the same tensors, index and ready events an
+(:func:`hsx.dataset.shards.write_shard`, the same tensors, index and ready events an
 engine run gives): for the trainer tests and the loader benchmark.
 
 Samples alternate between chats (a loss mask on their second half), plain texts
@@ -18,10 +18,10 @@ from hsx.runtime.tensors import TORCH_DTYPES
 from hsx.schemas import BlockRef, Codec, DType, HiddenStatesReady, Manifest, SourceRef
 from hsx.schemas.codec import checksum
 from hsx.schemas.dataset_codec import DatasetCodec
-from hsx.sink.assembler import Sample
-from hsx.sink.encoding import encode
-from hsx.sink.shards import OpenShard, write_shard
-from hsx.sink.storage import LocalStorage, Storage
+from hsx.dataset.sample import Sample
+from hsx.dataset.encoding import encode
+from hsx.dataset.shards import OpenShard, write_shard
+from hsx.dataset.storage import LocalStorage, Storage
 
 
 @dataclass

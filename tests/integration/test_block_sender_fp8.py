@@ -21,7 +21,8 @@ from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.runtime.tensors import WIRE_DTYPES
 from hsx.schemas import Codec
 from hsx.schemas.fp8 import to_fp8
-from hsx.sink.assembler import Assembler, Record, Sample
+from hsx.sink.assembler import Assembler, Record
+from hsx.dataset.sample import Sample
 from tests.integration.test_block_sender import BLOCK_SIZE, HIDDEN, LAYERS, _config, _job, _receive, _wait_finished
 
 pytestmark = pytest.mark.integration

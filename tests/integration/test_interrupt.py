@@ -25,7 +25,7 @@ import pytest
 
 from hsx import models
 from hsx.runtime.errors import ExitCode
-from hsx.sink.reader import open_dataset
+from hsx.dataset.reader import open_dataset
 
 pytestmark = pytest.mark.integration
 

@@ -15,10 +15,10 @@ from hsx.cli import main
 from hsx.local.s3service import S3Service
 from hsx.local.training_data import TrainingDataSpec, write_training_dataset
 from hsx.schemas.dataset_codec import DatasetCodec
-from hsx.sink.reader import open_dataset
-from hsx.sink.safetensors_io import RemoteShard
-from hsx.sink.storage import LocalStorage, Storage, StorageRefused, open_storage
-from hsx.sink.storage import s3 as s3_storage
+from hsx.dataset.reader import open_dataset
+from hsx.dataset.safetensors_io import RemoteShard
+from hsx.dataset.storage import LocalStorage, Storage, StorageRefused, open_storage
+from hsx.dataset.storage import s3 as s3_storage
 from hsx.trainer import HsxDataset
 
 pytestmark = [pytest.mark.integration]

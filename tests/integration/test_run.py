@@ -15,9 +15,9 @@ import pytest
 
 from hsx import models
 from hsx.reference import HFReference, max_relative_error
-from hsx.sink.reader import open_dataset
-from hsx.sink.shards import read_indexes
-from hsx.sink.storage import LocalStorage
+from hsx.dataset.reader import open_dataset
+from hsx.dataset.shards import read_indexes
+from hsx.dataset.storage import LocalStorage
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 

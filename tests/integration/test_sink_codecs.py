@@ -16,7 +16,7 @@ from hsx.local.topics import fresh_topics
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.schemas.shard import ShardMetadata
-from hsx.sink.reader import Dataset, follow, open_dataset
+from hsx.dataset.reader import Dataset, follow, open_dataset
 from tests.integration.test_sink_dedupe import run_sink
 from tests.reliability.harness import publish
 from tests.unit.test_assembler import records

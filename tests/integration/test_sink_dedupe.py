@@ -18,8 +18,8 @@ from hsx.runtime.kafka.config import client_config
 from tests.drain import drain
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import HiddenStatesReady, ShardIndex
-from hsx.sink.shards import INDEX, shard_stem
-from hsx.sink.storage import LocalStorage
+from hsx.dataset.shards import INDEX, shard_stem
+from hsx.dataset.storage import LocalStorage
 from tests.reliability.harness import dead_letters, index_counts, publish
 from tests.unit.test_assembler import records
 

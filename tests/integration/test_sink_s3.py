@@ -19,7 +19,7 @@ from hsx.local.topics import fresh_topics
 from tests.drain import drain
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady
-from hsx.sink.reader import open_dataset
+from hsx.dataset.reader import open_dataset
 from tests.reliability.harness import committed, index_counts, publish, wait_until
 from tests.unit.test_assembler import records
 

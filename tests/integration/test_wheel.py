@@ -20,9 +20,9 @@ import pytest
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("pyproject.toml", "README.md", "hsx", "schemas", "runtime", "producer", "extractor", "sink", "trainer")
+SOURCES = ("pyproject.toml", "README.md", "hsx", "schemas", "runtime", "producer", "extractor", "sink", "dataset", "trainer")
 """What the Dockerfiles copy into their build context: the wheel must build from it alone."""
-SERVICE_PACKAGES = ("schemas", "runtime", "producer", "extractor", "sink", "trainer")
+SERVICE_PACKAGES = ("schemas", "runtime", "producer", "extractor", "sink", "dataset", "trainer")
 
 
 def _run(argv: list[str], cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:

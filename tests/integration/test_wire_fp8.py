@@ -28,8 +28,9 @@ from hsx.schemas import Codec, DType, Manifest, RecordKind
 from hsx.schemas.codec import encode_block
 from hsx.schemas.dataset_codec import DatasetCodec, read_fp8
 from hsx.schemas.fp8 import FLOAT32_SLACK, RELATIVE_BOUND, SUBNORMAL_STEP_BOUND, from_fp8, narrow
-from hsx.sink.assembler import Assembler, Record, Sample
-from hsx.sink.reader import open_dataset
+from hsx.sink.assembler import Assembler, Record
+from hsx.dataset.sample import Sample
+from hsx.dataset.reader import open_dataset
 from tests.engine_helpers import run_extractor
 from tests.integration.test_extractor import good_prompts
 from tests.integration.test_pipeline import run_sink

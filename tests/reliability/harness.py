@@ -18,8 +18,8 @@ from tests.drain import drain
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import DlqHeaders, HiddenStatesReady
 from hsx.sink.assembler import Record
-from hsx.sink.shards import read_indexes
-from hsx.sink.storage import is_object_store, open_storage
+from hsx.dataset.shards import read_indexes
+from hsx.dataset.storage import is_object_store, open_storage
 
 FIGURES = Path(__file__).resolve().parents[2] / "out" / "reliability.json"
 

@@ -25,7 +25,7 @@ from hsx.local.spawn import HsxService
 from hsx.local.topics import fresh_topics
 from hsx.reference import max_relative_error
 from hsx.runtime.settings import KafkaSettings
-from hsx.sink.reader import open_dataset
+from hsx.dataset.reader import open_dataset
 from tests.reliability.harness import (
     as_records, check_exactly_once, extract_args, index_counts, publish, record_figures, sink_args, text_prompts,
     wait_until,

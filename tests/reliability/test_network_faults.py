@@ -39,7 +39,7 @@ from hsx.local.topics import fresh_topics
 from hsx.reference import max_relative_error
 from hsx.local.broker import EmbeddedBroker, free_port
 from hsx.runtime.settings import KafkaSettings, TopicSettings
-from hsx.sink.reader import open_dataset
+from hsx.dataset.reader import open_dataset
 from tests.reliability.harness import check_exactly_once, dead_letters, index_counts, record_figures, wait_until
 from tests.reliability.netfaults import FaultProxy, wait
 

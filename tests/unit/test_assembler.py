@@ -11,7 +11,8 @@ import torch
 
 from hsx.schemas import BlockRecordHeaders, BlockRef, Codec, DType, Manifest, RecordKind, SourceRef
 from hsx.schemas.codec import encode_block, read_header
-from hsx.sink.assembler import Assembler, Record, RejectedRecords, Sample
+from hsx.sink.assembler import Assembler, Record, RejectedRecords
+from hsx.dataset.sample import Sample
 
 LAYERS, HIDDEN = 2, 16
 

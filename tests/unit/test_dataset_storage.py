@@ -20,11 +20,12 @@ from hsx.schemas import DType, HiddenStatesReady
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.schemas.fp8 import error_bound, scales_for
 from hsx.schemas.shard import ShardMetadata
-from hsx.sink.assembler import Assembler, Sample
-from hsx.sink.encoding import CorruptSample, encode
-from hsx.sink.reader import open_dataset
-from hsx.sink.shards import OpenShard, write_shard
-from hsx.sink.storage import LocalStorage
+from hsx.sink.assembler import Assembler
+from hsx.dataset.sample import Sample
+from hsx.dataset.encoding import CorruptSample, encode
+from hsx.dataset.reader import open_dataset
+from hsx.dataset.shards import OpenShard, write_shard
+from hsx.dataset.storage import LocalStorage
 from hsx.trainer.dataset import HsxDataset
 from tests.unit.test_assembler import feed, records
 

@@ -20,8 +20,9 @@ from hsx.schemas.codec import MAGIC, CorruptBlock, decode_block, encode_block, f
 from hsx.schemas.dataset_codec import DatasetCodec, decode_sample, read_fp8
 from hsx.schemas.fp8 import from_fp8, to_fp8, widen
 from hsx.schemas.fp8_blocks import encode_fp8_block, fp8_rows, quantize_block
-from hsx.sink.assembler import Assembler, Record, RejectedRecords, Sample
-from hsx.sink.encoding import encode
+from hsx.sink.assembler import Assembler, Record, RejectedRecords
+from hsx.dataset.sample import Sample
+from hsx.dataset.encoding import encode
 from tests.unit.test_dataset_storage import assert_decoded
 
 LAYERS, HIDDEN, BLOCK = 3, 64, 16

@@ -13,9 +13,10 @@ import pytest
 
 from hsx.cli import main
 from hsx.runtime.errors import ExitCode
-from hsx.sink.assembler import Assembler, Record, Sample
-from hsx.sink.shards import OpenShard, write_shard
-from hsx.sink.storage import LocalStorage
+from hsx.sink.assembler import Assembler, Record
+from hsx.dataset.sample import Sample
+from hsx.dataset.shards import OpenShard, write_shard
+from hsx.dataset.storage import LocalStorage
 from tests.unit.test_assembler import feed, records
 
 

@@ -16,7 +16,7 @@ import pytest
 import hsx
 
 ROOT = Path(__file__).resolve().parents[2]
-MAPPED = ("schemas", "runtime", "producer", "extractor", "sink", "trainer")
+MAPPED = ("schemas", "runtime", "producer", "extractor", "sink", "dataset", "trainer")
 """The top-level directories that install as ``hsx.<name>``."""
 NOT_INSTALLED = {"tests", "bench"}
 
@@ -78,8 +78,8 @@ def test_import_hsx_loads_neither_torch_nor_vllm(tmp_path: Path) -> None:
         "assert not loaded, loaded\n"
         "assert hsx.PromptEvent.__module__ == 'hsx.schemas.prompt'\n"
         "assert 'torch' not in sys.modules and 'vllm' not in sys.modules and 'hsx.sink' not in sys.modules\n"
-        "import hsx.sink.reader\n"
-        "assert hsx.open_dataset is hsx.sink.reader.open_dataset and hsx.follow is hsx.sink.reader.follow\n"
+        "import hsx.dataset.reader\n"
+        "assert hsx.open_dataset is hsx.dataset.reader.open_dataset and hsx.follow is hsx.dataset.reader.follow\n"
         "assert 'vllm' not in sys.modules\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
@@ -88,7 +88,7 @@ def test_import_hsx_loads_neither_torch_nor_vllm(tmp_path: Path) -> None:
 
 def test_public_api_resolves_to_its_defining_modules() -> None:
     from hsx.schemas import PromptEvent
-    from hsx.sink.reader import follow, open_dataset
+    from hsx.dataset.reader import follow, open_dataset
     from hsx.trainer import HsxDataset, PackedCollate, ReadyStream
 
     expected = {"open_dataset": open_dataset, "follow": follow, "HsxDataset": HsxDataset,

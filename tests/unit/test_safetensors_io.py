@@ -11,8 +11,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load
 
-from hsx.sink.safetensors_io import CorruptShard, RemoteShard, write_safetensors
-from hsx.sink.storage import LocalStorage
+from hsx.dataset.safetensors_io import CorruptShard, RemoteShard, write_safetensors
+from hsx.dataset.storage import LocalStorage
 
 
 def _tensors() -> dict[str, torch.Tensor]:

@@ -19,8 +19,8 @@ from hsx.sink.options import SinkOptions
 from hsx.sink.partition import DatasetDamaged, PartitionState
 from hsx.sink.partition_count import PartitionCountChanged, check_partition_count, record_path
 from hsx.sink.service import Sink
-from hsx.sink.shards import INDEX, KEYS, SHARDS, OpenShard, partition_prefix, shard_stem, write_shard
-from hsx.sink.storage import LocalStorage
+from hsx.dataset.shards import INDEX, KEYS, SHARDS, OpenShard, partition_prefix, shard_stem, write_shard
+from hsx.dataset.storage import LocalStorage
 
 TOPIC = "hidden_states.blocks"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hsx.sink.storage import LocalStorage, UnsafePath
+from hsx.dataset.storage import LocalStorage, UnsafePath
 
 
 @pytest.mark.parametrize("relative", ["../escape", "/etc/passwd", "shards/../../x", "", "a/../../b"])

@@ -2,7 +2,7 @@
 two ways it can fail.
 
 A dataset is a flat set of named objects (``shards/…``, ``index/…``, ``keys/…``,
-``topics/…``, see :mod:`hsx.sink.shards`). Each write is whole or absent: a reader
+``topics/…``, see :mod:`hsx.dataset.shards`). Each write is whole or absent: a reader
 never sees half an object, on a local disk (temp file, fsync, rename) or in an
 object store (one PUT, or a multipart upload completed at the end).
 """

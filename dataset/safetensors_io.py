@@ -21,7 +21,7 @@ import orjson
 import torch
 from safetensors import safe_open
 
-from hsx.sink.storage import Storage, Writer
+from hsx.dataset.storage import Storage, Writer
 
 _NAMES = {torch.float64: "F64", torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",

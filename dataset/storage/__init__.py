@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hsx.sink.storage.base import (
+from hsx.dataset.storage.base import (
     Storage, StorageRefused, StorageUnavailable, UnsafePath, UnsupportedLocation, Writer,
 )
-from hsx.sink.storage.local import LocalStorage
+from hsx.dataset.storage.local import LocalStorage
 
 __all__ = ["LocalStorage", "Storage", "StorageRefused", "StorageUnavailable", "UnsafePath", "UnsupportedLocation",
            "Writer", "is_object_store", "open_storage"]
@@ -35,7 +35,7 @@ def open_storage(location: str | Path, *, create: bool = False, part_bytes: int 
     with one request, so that a wrong key or bucket fails here, in one line."""
     text = str(location)
     if is_object_store(text):
-        from hsx.sink.storage.s3 import DEFAULT_PART_BYTES, S3Storage  # obstore loads only for s3:// datasets
+        from hsx.dataset.storage.s3 import DEFAULT_PART_BYTES, S3Storage  # obstore loads only for s3:// datasets
 
         storage = S3Storage(text, part_bytes or DEFAULT_PART_BYTES)
         storage.probe()

@@ -1,6 +1,6 @@
 """The trainer side: read a dataset written by ``hsx sink``.
 
-    from hsx.sink.reader import open_dataset
+    from hsx.dataset.reader import open_dataset
     ds = open_dataset("out/")
     sample = ds["chat-42"]          # dict: request_id, token_ids, hidden_states [T, L, H], loss_mask, metadata
     for sample in ds: ...            # in index order
@@ -9,10 +9,10 @@
 
 Local shards are memory-mapped (safetensors ``safe_open``); a sample costs only
 the pages it touches. A dataset in an object store (``open_dataset("s3://bucket/prefix")``,
-configured by the ``AWS_*`` environment, see :mod:`hsx.sink.storage.s3`) is read with
+configured by the ``AWS_*`` environment, see :mod:`hsx.dataset.storage.s3`) is read with
 ranged reads: a shard's header once, then only each sample's tensors; reading in
 index order fetches up to 64 MiB of a shard per round of parallel requests. Samples a sink stored with a ``--dataset-codec`` other than raw
-are decoded as they are read (``hsx.sink.encoding``). PyTorch loaders, batches for speculators and the online
+are decoded as they are read (``hsx.dataset.encoding``). PyTorch loaders, batches for speculators and the online
 loader over ``hidden_states.ready`` are in ``trainer/``, built on this module.
 """
 
@@ -34,10 +34,10 @@ from hsx.runtime.recent import RecentKeys
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady
 from hsx.schemas.topics import READY
-from hsx.sink.encoding import read_hidden_states
-from hsx.sink.safetensors_io import RemoteShard, open_shard, prefetch
-from hsx.sink.shards import read_indexes
-from hsx.sink.storage import Storage, open_storage
+from hsx.dataset.encoding import read_hidden_states
+from hsx.dataset.safetensors_io import RemoteShard, open_shard, prefetch
+from hsx.dataset.shards import read_indexes
+from hsx.dataset.storage import Storage, open_storage
 
 READ_AHEAD_BYTES = 64 << 20
 """How much of a remote shard one round of requests fetches when reading in order."""
@@ -45,7 +45,7 @@ READ_AHEAD_BYTES = 64 << 20
 
 class ShardHandles:
     """Open shards (local ones memory-mapped by ``safe_open``, remote ones a
-    :class:`~hsx.sink.safetensors_io.RemoteShard` holding the header), the last ``max_open`` kept.
+    :class:`~hsx.dataset.safetensors_io.RemoteShard` holding the header), the last ``max_open`` kept.
     Handles are never shared across processes: a pickled copy (a spawned
     DataLoader worker's) starts with none open, and so does a forked one at its
     first read, so each worker maps the files itself."""

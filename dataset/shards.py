@@ -3,7 +3,7 @@
 Layout of a dataset directory::
 
     shards/<topic>-<partition>-<first offset>.safetensors   # tensors <request_id>/hidden_states, /token_ids, /loss_mask
-                                                             # (hidden_states encoded per hsx.sink.encoding)
+                                                             # (hidden_states encoded per hsx.dataset.encoding)
     keys/<same name>.keys                                    # hsx.schemas.keys: the samples' dedupe keys
     index/<same name>.json                                   # hsx.schemas.ShardIndex: the ready event of every sample
 
@@ -32,10 +32,10 @@ from hsx.schemas import HiddenStatesReady, ShardIndex, TensorNames, ready_event_
 from hsx.schemas.codec import checksum
 from hsx.schemas.keys import KEY_RECORD, encode_keys, request_key, token_key
 from hsx.schemas.shard import ShardMetadata
-from hsx.sink.assembler import Sample
-from hsx.sink.encoding import stored_tensor
-from hsx.sink.safetensors_io import open_shard, write_safetensors
-from hsx.sink.storage import Storage
+from hsx.dataset.sample import Sample
+from hsx.dataset.encoding import stored_tensor
+from hsx.dataset.safetensors_io import open_shard, write_safetensors
+from hsx.dataset.storage import Storage
 
 SHARDS = "shards"
 INDEX = "index"

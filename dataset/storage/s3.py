@@ -27,7 +27,7 @@ from obstore.exceptions import BaseError, PermissionDeniedError, Unauthenticated
 from obstore.store import S3Store
 
 from hsx.runtime.errors import HsxError, UsageError
-from hsx.sink.storage.base import StorageRefused, StorageUnavailable, UnsupportedLocation, Writer, checked_parts
+from hsx.dataset.storage.base import StorageRefused, StorageUnavailable, UnsupportedLocation, Writer, checked_parts
 
 MIN_PART_BYTES = 5 << 20
 """S3's smallest multipart part (all but the last)."""

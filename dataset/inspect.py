@@ -10,9 +10,9 @@ from pathlib import Path
 from hsx.runtime.checks import existing_dir
 from hsx.runtime.errors import UsageError
 from hsx.schemas import HiddenStatesReady
-from hsx.sink.reader import open_dataset
-from hsx.sink.shards import INDEX, SHARDS
-from hsx.sink.storage import is_object_store
+from hsx.dataset.reader import open_dataset
+from hsx.dataset.shards import INDEX, SHARDS
+from hsx.dataset.storage import is_object_store
 
 DATASET = "a dataset written by hsx sink"
 

@@ -26,7 +26,7 @@ from hsx.schemas import Codec, HiddenStatesReady
 from hsx.schemas.codec import CorruptBlock, checksum, read_header
 from hsx.schemas.dataset_codec import DatasetCodec, decode_sample, encode_fp8_sample, encode_sample
 from hsx.schemas.fp8 import from_fp8, narrow
-from hsx.sink.assembler import Sample
+from hsx.dataset.sample import Sample
 
 log = logging.getLogger(__name__)
 

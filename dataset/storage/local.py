@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from hsx.sink.storage.base import UnsafePath, checked_parts
+from hsx.dataset.storage.base import UnsafePath, checked_parts
 
 
 class LocalStorage:

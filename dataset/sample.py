@@ -1,0 +1,37 @@
+"""A verified sample, the unit a dataset stores: the sink's assembler builds it
+from block records, the dataset's encoding and shard writer store it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hsx.schemas import Manifest
+from hsx.schemas.dataset_codec import DatasetCodec
+
+
+@dataclass
+class Sample:
+    """A verified sample: its manifest and the raw bytes of ``[T, L, H]``, or,
+    once :func:`hsx.dataset.encoding.encode` ran, the bytes its shard stores."""
+
+    manifest: Manifest
+    hidden_states: bytes
+    offsets: list[int]
+    """Offsets of all its records (blocks and manifest) in the partition."""
+    records: list[bytes] = field(default_factory=list)
+    """Its block records in manifest order, each verified: ``byteplane-zstd``
+    keeps them instead of encoding again. Dropped once encoded."""
+    codec: DatasetCodec = DatasetCodec.RAW
+    """How ``hidden_states`` is encoded."""
+    checksum: str | None = None
+    """Of the raw bytes, kept when ``hidden_states`` no longer holds them."""
+    fp8: tuple[np.ndarray, np.ndarray] | None = None
+    """A sample sent as fp8 (its manifest's ``quantization``): its verified
+    ``(codes [T, L, H] uint8, scales [T, L] float32)`` as the extractor sent them;
+    ``hidden_states`` is then empty until :func:`hsx.dataset.encoding.encode` stores them."""
+
+    @property
+    def manifest_offset(self) -> int:
+        return self.offsets[-1]
