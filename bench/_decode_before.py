@@ -1,5 +1,5 @@
 """The block decoder as it was before issue 16, kept only so that
-``bench.dataset_codecs`` can time it beside :func:`hsx.schemas.codec.decode_block` in
+``bench.dataset_codecs`` can time it beside :func:`hsx.codecs.block.decode_block` in
 one process: a fresh ``bytes`` per plane, ``np.stack`` along axis 1, ``tobytes``.
 The framing and checks are the current ones; only the per-plane work differs."""
 
@@ -9,8 +9,8 @@ import numpy as np
 import zstandard
 from typing_extensions import Buffer
 
+from hsx.codecs.block import CorruptBlock, checksum, read_header
 from hsx.schemas.blocks import Codec
-from hsx.schemas.codec import CorruptBlock, checksum, read_header
 
 _decompressor = zstandard.ZstdDecompressor()
 

@@ -13,11 +13,11 @@ import torch
 
 from bench.prompts import demo_token_ids
 from hsx import models
+from hsx.codecs.block import decode_block, encode_block
 from hsx.extractor.engine import default_layer_ids
 from hsx.reference import HFReference
 from hsx.runtime.tensors import WIRE_DTYPES
 from hsx.schemas import Codec
-from hsx.schemas.codec import decode_block, encode_block
 
 BLOCK_BYTES = 1 << 20  # the extractor's default --block-bytes
 

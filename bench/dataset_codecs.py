@@ -1,5 +1,5 @@
 """Dataset codecs benchmark: bytes per token and single-core encode/decode speed of
-``raw``, ``byteplane-zstd``, ``fp8`` and ``fp8-zstd`` (:mod:`hsx.schemas.dataset_codec`)
+``raw``, ``byteplane-zstd``, ``fp8`` and ``fp8-zstd`` (:mod:`hsx.codecs.dataset`)
 on real SmolLM2 hidden states (HF transformers, EAGLE-3's default layers), as
 bfloat16 and as float32, one sample per prompt as the sink stores them. Two sets:
 
@@ -44,11 +44,12 @@ import zstandard
 
 from bench import codec as codec_bench
 from bench.stages import best
+from hsx.codecs.block import decode_block, encode_block, read_header
+from hsx.codecs.dataset import decode_sample, encode_sample, split_records
+from hsx.codecs.fp8 import error_bound, from_fp8, to_fp8, widen
 from hsx.runtime.tensors import WIRE_DTYPES
 from hsx.schemas import DType
-from hsx.schemas.codec import decode_block, encode_block, read_header
-from hsx.schemas.dataset_codec import DatasetCodec, decode_sample, encode_sample, split_records
-from hsx.schemas.fp8 import error_bound, from_fp8, to_fp8, widen
+from hsx.schemas.dataset_codec import DatasetCodec
 
 Sample = tuple[bytes, tuple[int, int, int]]
 

@@ -7,7 +7,7 @@ vLLM cannot run on the lent GPU machine, so this checks hsx's own torch-only cod
    :mod:`hsx.extractor.connector.gather`) is filled with known bf16 values. Random block
    tables and lengths from 1 to 8k tokens are then gathered. ``CudaGatherer`` (side
    stream, pinned pool, event) must equal :func:`gather_cpu` on a CPU copy. Its fp8
-   path (quantize on the device, then copy) must equal :func:`hsx.schemas.fp8.to_fp8`,
+   path (quantize on the device, then copy) must equal :func:`hsx.codecs.fp8.to_fp8`,
    numpy's quantizer, on those rows.
 2. **Gather + device-to-host GB/s** into the pinned pool, bf16 and fp8.
 3. **The codec on threads.** ``encode_block``/``decode_block`` on 1, 4, 8 and 16
@@ -43,11 +43,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hsx.codecs.block import decode_block, encode_block
+from hsx.codecs.fp8 import to_fp8
 from hsx.extractor.connector.fp8 import quantize
 from hsx.extractor.connector.gather import CudaGatherer, gather_cpu, gather_rows
 from hsx.schemas import DType
-from hsx.schemas.codec import decode_block, encode_block
-from hsx.schemas.fp8 import to_fp8
 
 TARGET_MB_S = 27_000 * 4 * 4096 * 2 / 1e6  # 884.7
 BLOCK_BYTES = 1 << 20  # the extractor's default --block-bytes
@@ -201,7 +201,7 @@ def report(figures: dict[str, object]) -> str:
     threads = figures.get("gpu_codec_threads_to_keep_up")
     lines = [
         f"device: {figures['gpu_device']} (torch {figures['gpu_torch']})",
-        f"gather bit-exact vs gather_cpu: {figures['gpu_gather_bit_exact']}; fp8 bit-exact vs hsx.schemas.fp8: "
+        f"gather bit-exact vs gather_cpu: {figures['gpu_gather_bit_exact']}; fp8 bit-exact vs hsx.codecs.fp8: "
         f"{figures['gpu_fp8_bit_exact']} ({figures['gpu_check_cases']} cases; CudaGatherer "
         f"{'checked' if figures['gpu_cuda_gatherer_checked'] else 'skipped: no CUDA'})",
         f"codec encode keeps up with {TARGET_MB_S:.0f} MB/s: "

@@ -60,18 +60,18 @@ import numpy as np
 import torch
 
 from bench.sink_scale import standalone
+from hsx.codecs.block import encode_block, read_header
+from hsx.dataset.storage.s3 import UPLOAD_CONCURRENCY, DEFAULT_PART_BYTES as PART_BYTES
+from hsx.local.broker import dev_bootstrap
 from hsx.local.commands import sink_command
 from hsx.local.s3server import LocalS3, dev_s3
 from hsx.local.s3service import S3Service
 from hsx.local.spawn import HsxService, cpu_engine_env
 from hsx.local.topics import fresh_topics
-from hsx.local.broker import dev_bootstrap
 from hsx.runtime.kafka import make_producer
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import BlockRef, Codec, DType, Manifest, SourceRef
 from hsx.schemas.blocks import BlockRecordHeaders, RecordKind
-from hsx.schemas.codec import encode_block, read_header
-from hsx.dataset.storage.s3 import DEFAULT_PART_BYTES as PART_BYTES, UPLOAD_CONCURRENCY
 
 LAYERS = 4
 HIDDEN = 2048
@@ -265,9 +265,9 @@ def child_write(url: str, shard_bytes: int) -> dict[str, Any]:
     """Build an open shard of ``shard_bytes`` of hidden states (1,024-token
     samples), then ``write_shard`` it to ``url`` as the sink does."""
     from hsx.dataset.sample import Sample
-    from hsx.sink.memory import release_large_buffers_to_the_os
     from hsx.dataset.shards import OpenShard, write_shard
     from hsx.dataset.storage import open_storage
+    from hsx.sink.memory import release_large_buffers_to_the_os
 
     release_large_buffers_to_the_os()  # as the sink does at its start
     storage = open_storage(url, create=True)

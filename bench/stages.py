@@ -4,8 +4,8 @@ engine produces them; the demo prompts' states repeated to the length):
 
 * ``gather``: :func:`hsx.extractor.connector.gather.gather_cpu` out of a paged cache of
   SmolLM2's shape (blocks in shuffled order, as a busy cache hands them out);
-* ``codec``: :func:`hsx.schemas.codec.encode_block` of every 1 MiB block, one thread;
-* ``sink_decode``: :func:`hsx.schemas.codec.decode_block` of those records (checksums
+* ``codec``: :func:`hsx.codecs.block.encode_block` of every 1 MiB block, one thread;
+* ``sink_decode``: :func:`hsx.codecs.block.decode_block` of those records (checksums
   included), what the sink does per record;
 * ``sink_write``: :func:`hsx.dataset.shards.write_shard` of one sample (safetensors,
   fsync, rename, index) to a local directory.
@@ -27,13 +27,13 @@ from pathlib import Path
 import torch
 
 from bench import codec as codec_bench
-from hsx.extractor.connector.gather import gather_cpu
-from hsx.schemas import Codec, DType, Manifest, SourceRef
-from hsx.schemas.blocks import BlockRef
-from hsx.schemas.codec import decode_block, encode_block, read_header
+from hsx.codecs.block import decode_block, encode_block, read_header
 from hsx.dataset.sample import Sample
 from hsx.dataset.shards import OpenShard, write_shard
 from hsx.dataset.storage import LocalStorage
+from hsx.extractor.connector.gather import gather_cpu
+from hsx.schemas import Codec, DType, Manifest, SourceRef
+from hsx.schemas.blocks import BlockRef
 
 LENGTHS = [256, 512, 1024, 2048, 4096]
 BLOCK_SIZE = 128  # tokens per paged-cache block on vLLM's CPU backend

@@ -5,7 +5,7 @@ a shard of any codec the same way.
 
 Layout in a shard: a ``raw`` sample is its ``[T, L, H]`` tensor of the model's
 dtype, as before codecs existed, so any safetensors reader loads it. Any other
-codec stores the encoded bytes (:mod:`hsx.schemas.dataset_codec`) as one 1-D uint8
+codec stores the encoded bytes (:mod:`hsx.codecs.dataset`) as one 1-D uint8
 tensor under the same name; the codec, dtype and shape are in the sample's index
 entry (``HiddenStatesReady``) and the codec also in the shard's metadata.
 """
@@ -20,13 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from hsx.codecs.block import CorruptBlock, checksum, read_header
+from hsx.codecs.dataset import decode_sample, encode_fp8_sample, encode_sample
+from hsx.codecs.fp8 import from_fp8, narrow
+from hsx.dataset.sample import Sample
 from hsx.runtime.errors import HsxError
 from hsx.runtime.tensors import TORCH_DTYPES
 from hsx.schemas import Codec, HiddenStatesReady
-from hsx.schemas.codec import CorruptBlock, checksum, read_header
-from hsx.schemas.dataset_codec import DatasetCodec, decode_sample, encode_fp8_sample, encode_sample
-from hsx.schemas.fp8 import from_fp8, narrow
-from hsx.dataset.sample import Sample
+from hsx.schemas.dataset_codec import DatasetCodec
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def encode(sample: Sample, codec: DatasetCodec) -> Sample:
     A sample sent as fp8 (``sample.fp8``) keeps its codes and scales as they came
     under ``fp8`` and ``fp8-zstd``, with no dequantize and quantize again; the
     other codecs get it dequantized to the manifest's dtype, within the bound of
-    :mod:`hsx.schemas.fp8`. Its checksum is of what the shard's codec decodes to:
+    :mod:`hsx.codecs.fp8`. Its checksum is of what the shard's codec decodes to:
     the dequantized bytes under ``raw`` and ``byteplane-zstd``; under ``fp8`` and
     ``fp8-zstd`` the scales then codes the extractor sent, the frame's own CRC."""
     if sample.fp8 is not None:

@@ -28,14 +28,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsx.schemas import HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
-from hsx.schemas.codec import checksum
-from hsx.schemas.keys import KEY_RECORD, encode_keys, request_key, token_key
-from hsx.schemas.shard import ShardMetadata
-from hsx.dataset.sample import Sample
+from hsx.codecs.block import checksum
 from hsx.dataset.encoding import stored_tensor
 from hsx.dataset.safetensors_io import open_shard, write_safetensors
+from hsx.dataset.sample import Sample
 from hsx.dataset.storage import Storage
+from hsx.schemas import HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
+from hsx.schemas.keys import KEY_RECORD, encode_keys, request_key, token_key
+from hsx.schemas.shard import ShardMetadata
 
 SHARDS = "shards"
 INDEX = "index"

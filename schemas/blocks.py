@@ -3,13 +3,14 @@ slices of a request's hidden states, then one JSON manifest per request attempt.
 
 Every record of one request is keyed by its ``request_id`` (so all land in one
 partition, in order) and carries :class:`BlockRecordHeaders` as Kafka headers.
-The binary layout of a block's value is defined by :mod:`hsx.schemas.codec`; its
-self-describing header is :class:`BlockHeader`.
+A block's value is ``MAGIC | u32 little-endian header length | JSON BlockHeader |
+payload``; :mod:`hsx.codecs.block` encodes and decodes it.
 """
 
 from __future__ import annotations
 
 import re
+import struct
 from enum import Enum
 from typing import Annotated, Literal
 
@@ -23,9 +24,17 @@ AttemptId = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
 attempt id; the sink keeps exactly one attempt per request_id."""
 Checksum = Annotated[str, Field(pattern=r"^crc32:[0-9a-f]{8}$")]
 
+MAGIC = b"HSXB"
+"""The first bytes of every block record's value."""
+FRAME_PREFIX = struct.Struct("<4sI")
+"""The magic, then the JSON header's length (u32, little-endian)."""
+MAX_HEADER_BYTES = 64 * 1024
+"""A longer header is corrupt (or hostile): decoders refuse it before parsing."""
+
 
 class Codec(str, Enum):
-    """How a block's raw bytes are compressed."""
+    """How a block record's raw bytes are compressed on the wire (not how a sample
+    is stored at rest: :class:`hsx.schemas.dataset_codec.DatasetCodec`)."""
 
     BYTEPLANE_ZSTD = "byteplane-zstd"
     ZSTD = "zstd"
@@ -46,7 +55,7 @@ class DType(str, Enum):
 
 Quantization = Literal["fp8"]
 """How a block of codec version 2 quantized its rows. ``fp8``: E4M3FN codes with
-one float32 scale per token and layer, ``amax / 448`` (:mod:`hsx.schemas.fp8`, which
+one float32 scale per token and layer, ``amax / 448`` (:mod:`hsx.codecs.fp8`, which
 documents the error bound)."""
 
 

@@ -24,7 +24,7 @@ EXTRA_CONFIG_KEY = "hsx"
 WireDType = Literal["model", "fp8"]
 """What block records carry: the rows in the model's dtype, or ``fp8`` (E4M3FN
 codes and a float32 scale per token and layer, quantized on the device before
-the copy to the host; :mod:`hsx.schemas.fp8` documents the error bound)."""
+the copy to the host; :mod:`hsx.codecs.fp8` documents the error bound)."""
 
 
 class RequestParams(StrictModel):

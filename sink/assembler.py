@@ -20,12 +20,12 @@ import numpy as np
 import orjson
 from pydantic import ValidationError
 
+from hsx.codecs.block import CorruptBlock, decode_block
+from hsx.codecs.fp8_blocks import fp8_rows
 from hsx.dataset.sample import Sample
 from hsx.runtime.errors import InvalidInput
 from hsx.schemas import BlockRecordHeaders, ErrorClass, Manifest, RecordKind, format_validation_error
-from hsx.schemas.codec import CorruptBlock, decode_block
 from hsx.schemas.dataset_codec import DatasetCodec
-from hsx.schemas.fp8_blocks import fp8_rows
 
 
 @dataclass

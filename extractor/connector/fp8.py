@@ -1,6 +1,6 @@
 """fp8 (E4M3FN) quantization in torch, on whatever device the rows are on, so the
 connector can shrink hidden states before the device-to-host copy. It produces
-the same codes and scales, bit for bit, as :func:`hsx.schemas.fp8.to_fp8`,
+the same codes and scales, bit for bit, as :func:`hsx.codecs.fp8.to_fp8`,
 which documents the scheme and its error bound; only torch is imported."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if rows.dim() != 3 or not rows.dtype.is_floating_point:
         raise ValueError(f"quantize takes float [tokens, layers, hidden] rows, not {rows.dtype} {tuple(rows.shape)}")
     values = rows.float()
-    # The same float32 operations in the same order as hsx.schemas.fp8.to_fp8. Full
+    # The same float32 operations in the same order as hsx.codecs.fp8.to_fp8. Full
     # tensors as divisors keep true division: torch's CUDA kernel turns a scalar
     # divisor into a product with its reciprocal, which rounds differently.
     amax = values.abs().amax(dim=-1)

@@ -39,7 +39,7 @@ class Gathered:
     release: Callable[[], None] | None = None
     """Pinned buffer to give back to its pool once the bytes are encoded."""
     scales: torch.Tensor | None = None
-    """fp8 only: the ``[num_tokens, num_layers]`` float32 scales (``hsx.schemas.fp8``)."""
+    """fp8 only: the ``[num_tokens, num_layers]`` float32 scales (``hsx.codecs.fp8``)."""
     dtype: torch.dtype | None = None
     """The cache's dtype, which fp8 codes dequantize to; ``tensor.dtype`` when unset."""
 

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hsx.codecs.block import encode_block, read_header
+from hsx.codecs.fp8_blocks import encode_fp8_block
 from hsx.extractor.completion import CompletionSender
 from hsx.extractor.connector.gather import Gathered
 from hsx.extractor.connector.metadata import SendJob, answer_fields
@@ -42,8 +44,6 @@ from hsx.runtime.kafka import DeliveryFailed, RecordProducer
 from hsx.runtime.settings import KafkaSettings
 from hsx.runtime.tensors import WIRE_DTYPES
 from hsx.schemas import BlockRecordHeaders, BlockRef, Manifest, RecordKind
-from hsx.schemas.codec import encode_block, read_header
-from hsx.schemas.fp8_blocks import encode_fp8_block
 from hsx.schemas.connector import CompletionReport, ConnectorConfig, RequestParams
 
 log = logging.getLogger(__name__)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from hsx.schemas import BlockRef, Codec, DType, Manifest, SourceRef
-from hsx.schemas.codec import checksum
+from hsx.codecs.block import checksum
 from hsx.dataset.sample import Sample
 from hsx.dataset.shards import OpenShard, write_shard
 from hsx.dataset.storage import Storage
+from hsx.schemas import BlockRef, Codec, DType, Manifest, SourceRef
 
 HIDDEN = 8
 _ROW = np.arange(HIDDEN, dtype=np.float32).tobytes()

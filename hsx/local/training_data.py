@@ -14,14 +14,14 @@ from pathlib import Path
 
 import torch
 
-from hsx.runtime.tensors import TORCH_DTYPES
-from hsx.schemas import BlockRef, Codec, DType, HiddenStatesReady, Manifest, SourceRef
-from hsx.schemas.codec import checksum
-from hsx.schemas.dataset_codec import DatasetCodec
-from hsx.dataset.sample import Sample
+from hsx.codecs.block import checksum
 from hsx.dataset.encoding import encode
+from hsx.dataset.sample import Sample
 from hsx.dataset.shards import OpenShard, write_shard
 from hsx.dataset.storage import LocalStorage, Storage
+from hsx.runtime.tensors import TORCH_DTYPES
+from hsx.schemas import BlockRef, Codec, DType, HiddenStatesReady, Manifest, SourceRef
+from hsx.schemas.dataset_codec import DatasetCodec
 
 
 @dataclass

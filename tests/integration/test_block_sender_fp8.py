@@ -1,6 +1,6 @@
 """The connector's sending half with ``wire_dtype: fp8``, without vLLM but with
 the real broker: the CPU gather quantizes, the records carry exactly
-:func:`hsx.schemas.fp8.to_fp8`'s codes and scales, the manifest says fp8 and keeps
+:func:`hsx.codecs.fp8.to_fp8`'s codes and scales, the manifest says fp8 and keeps
 the model's dtype, and rows fp8 cannot hold are reported as a failure."""
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from hsx.extractor.connector.gather import gather_cpu
 from hsx.extractor.connector.sender import BlockSender
 from hsx.runtime.kafka import ensure_topics
 from tests.drain import drain
+from hsx.codecs.fp8 import to_fp8
+from hsx.dataset.sample import Sample
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.runtime.tensors import WIRE_DTYPES
 from hsx.schemas import Codec
-from hsx.schemas.fp8 import to_fp8
 from hsx.sink.assembler import Assembler, Record
-from hsx.dataset.sample import Sample
 from tests.integration.test_block_sender import BLOCK_SIZE, HIDDEN, LAYERS, _config, _job, _receive, _wait_finished
 
 pytestmark = pytest.mark.integration

@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from hsx.dataset.reader import Dataset, follow, open_dataset
 from hsx.local.topics import fresh_topics
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.schemas.shard import ShardMetadata
-from hsx.dataset.reader import Dataset, follow, open_dataset
 from tests.integration.test_sink_dedupe import run_sink
 from tests.reliability.harness import publish
 from tests.unit.test_assembler import records
@@ -98,11 +98,10 @@ def test_fp8_block_records_are_stored_by_every_codec(kafka: KafkaSettings, tmp_p
     reader's values are exactly their dequantization), the others store them
     dequantized to the manifest's bfloat16; a corrupt fp8 block goes to the DLQ."""
     from tests.drain import drain
-    from hsx.schemas import DlqHeaders
-    from hsx.schemas import Manifest
-    from hsx.schemas.codec import decode_block, read_header
-    from hsx.schemas.fp8 import from_fp8
-    from hsx.schemas.fp8_blocks import encode_fp8_block, fp8_rows
+    from hsx.codecs.block import decode_block, read_header
+    from hsx.codecs.fp8 import from_fp8
+    from hsx.codecs.fp8_blocks import encode_fp8_block, fp8_rows
+    from hsx.schemas import DlqHeaders, Manifest
 
     topics = fresh_topics(kafka, partitions=1)
     originals, sent, offset = {}, {}, 0

@@ -23,14 +23,15 @@ from hsx import models
 from hsx.local.topics import fresh_topics
 from hsx.reference import HFReference, max_relative_error
 from tests.drain import drain
+from hsx.codecs.block import encode_block
+from hsx.codecs.dataset import read_fp8
+from hsx.codecs.fp8 import FLOAT32_SLACK, RELATIVE_BOUND, SUBNORMAL_STEP_BOUND, from_fp8, narrow
+from hsx.dataset.reader import open_dataset
+from hsx.dataset.sample import Sample
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import Codec, DType, Manifest, RecordKind
-from hsx.schemas.codec import encode_block
-from hsx.schemas.dataset_codec import DatasetCodec, read_fp8
-from hsx.schemas.fp8 import FLOAT32_SLACK, RELATIVE_BOUND, SUBNORMAL_STEP_BOUND, from_fp8, narrow
+from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.sink.assembler import Assembler, Record
-from hsx.dataset.sample import Sample
-from hsx.dataset.reader import open_dataset
 from tests.engine_helpers import run_extractor
 from tests.integration.test_extractor import good_prompts
 from tests.integration.test_pipeline import run_sink
@@ -118,7 +119,7 @@ def test_the_fp8_dataset_holds_the_codes_the_extractor_sent(fp8_run: Fp8Run) -> 
 
 
 def test_hidden_states_are_within_the_fp8_bound_of_hf(fp8_run: Fp8Run) -> None:
-    """Per element: fp8's bound (:mod:`hsx.schemas.fp8`) around the engine's value,
+    """Per element: fp8's bound (:mod:`hsx.codecs.fp8`) around the engine's value,
     which is within ``ENGINE_TOLERANCE`` of HF's."""
     reference = HFReference(fp8_run.model_dir)
     worst: dict[int, float] = {}

@@ -9,10 +9,10 @@ import orjson
 import pytest
 import torch
 
-from hsx.schemas import BlockRecordHeaders, BlockRef, Codec, DType, Manifest, RecordKind, SourceRef
-from hsx.schemas.codec import encode_block, read_header
-from hsx.sink.assembler import Assembler, Record, RejectedRecords
+from hsx.codecs.block import encode_block, read_header
 from hsx.dataset.sample import Sample
+from hsx.schemas import BlockRecordHeaders, BlockRef, Codec, DType, Manifest, RecordKind, SourceRef
+from hsx.sink.assembler import Assembler, Record, RejectedRecords
 
 LAYERS, HIDDEN = 2, 16
 

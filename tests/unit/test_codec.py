@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from hsx.codecs.block import CorruptBlock, checksum, decode_block, encode_block, read_header
 from hsx.runtime.tensors import TORCH_DTYPES
 from hsx.schemas import Codec, DType
-from hsx.schemas.codec import CorruptBlock, checksum, decode_block, encode_block, read_header
 
 
 def raw_bytes(tensor: torch.Tensor) -> np.ndarray:

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import zstandard
 
+from hsx.codecs.block import CorruptBlock, checksum, decode_block, encode_block
 from hsx.schemas import Codec, DType
-from hsx.schemas.blocks import BlockHeader, Segment
-from hsx.schemas.codec import _PREFIX, MAGIC, CorruptBlock, checksum, decode_block, encode_block
+from hsx.schemas.blocks import FRAME_PREFIX, MAGIC, BlockHeader, Segment
 
 # A bfloat16 [2, 2, 8] byteplane-zstd record (low plane raw, high plane zstd) as the
 # encoder before this decoder wrote it: the wire format did not change.
@@ -62,7 +62,7 @@ def _record(planes: list[bytes], raw: bytes) -> bytes:
                          token_start=0, token_end=1, checksum=checksum(raw),
                          segments=[Segment(encoding="zstd", nbytes=len(p)) for p in planes])
     header_bytes = header.model_dump_json().encode()
-    return b"".join([_PREFIX.pack(MAGIC, len(header_bytes)), header_bytes, *planes])
+    return b"".join([FRAME_PREFIX.pack(MAGIC, len(header_bytes)), header_bytes, *planes])
 
 
 @pytest.mark.parametrize("plane_bytes, message", [(9, "holds more than 8 bytes"), (7, "holds 7 bytes")])

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from hsx.codecs.block import CorruptBlock, encode_block
+from hsx.codecs.dataset import decode_sample, encode_sample, read_fp8
+from hsx.codecs.fp8 import error_bound, widen
 from hsx.runtime.tensors import TORCH_DTYPES
 from hsx.schemas import DType
-from hsx.schemas.codec import CorruptBlock, encode_block
-from hsx.schemas.dataset_codec import DatasetCodec, decode_sample, encode_sample, read_fp8
-from hsx.schemas.fp8 import error_bound, widen
+from hsx.schemas.dataset_codec import DatasetCodec
 
 SHAPE = (37, 3, 64)
 

@@ -14,18 +14,18 @@ import torch
 from safetensors import safe_open
 
 from hsx.cli import main
+from hsx.codecs.fp8 import error_bound, scales_for
+from hsx.dataset.encoding import CorruptSample, encode
+from hsx.dataset.reader import open_dataset
+from hsx.dataset.sample import Sample
+from hsx.dataset.shards import OpenShard, write_shard
+from hsx.dataset.storage import LocalStorage
 from hsx.local.training_data import TrainingDataSpec, write_training_dataset
 from hsx.runtime.tensors import TORCH_DTYPES
 from hsx.schemas import DType, HiddenStatesReady
 from hsx.schemas.dataset_codec import DatasetCodec
-from hsx.schemas.fp8 import error_bound, scales_for
 from hsx.schemas.shard import ShardMetadata
 from hsx.sink.assembler import Assembler
-from hsx.dataset.sample import Sample
-from hsx.dataset.encoding import CorruptSample, encode
-from hsx.dataset.reader import open_dataset
-from hsx.dataset.shards import OpenShard, write_shard
-from hsx.dataset.storage import LocalStorage
 from hsx.trainer.dataset import HsxDataset
 from tests.unit.test_assembler import feed, records
 

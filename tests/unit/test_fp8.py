@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from hsx.codecs.fp8 import E4M3_VALUES, e4m3_codes, error_bound, from_fp8, narrow, scales_for, to_fp8, widen
 from hsx.runtime.tensors import TORCH_DTYPES
 from hsx.schemas import DType
-from hsx.schemas.fp8 import E4M3_VALUES, e4m3_codes, error_bound, from_fp8, narrow, scales_for, to_fp8, widen
 
 
 def test_codes_match_torch_on_every_kind_of_float32() -> None:

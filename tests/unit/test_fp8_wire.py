@@ -1,5 +1,5 @@
 """fp8 block records (``hsx extract --wire-dtype fp8``): the connector's gather
-quantizes to exactly :func:`hsx.schemas.fp8.to_fp8`'s codes and scales, the record
+quantizes to exactly :func:`hsx.codecs.fp8.to_fp8`'s codes and scales, the record
 carries them bit for bit under every block codec, version 1 records are
 unchanged, and the sink rejects a malformed fp8 block with a reason, stores fp8
 codes as they came, or dequantizes them within the documented bound."""
@@ -13,16 +13,18 @@ import orjson
 import pytest
 import torch
 
+from hsx.codecs.block import CorruptBlock, decode_block, encode_block, frame, read_header
+from hsx.codecs.dataset import decode_sample, read_fp8
+from hsx.codecs.fp8 import from_fp8, to_fp8, widen
+from hsx.codecs.fp8_blocks import encode_fp8_block, fp8_rows, quantize_block
+from hsx.dataset.encoding import encode
+from hsx.dataset.sample import Sample
 from hsx.extractor.connector.gather import gather_cpu
 from hsx.runtime.tensors import TORCH_DTYPES, WIRE_DTYPES
 from hsx.schemas import BlockRecordHeaders, BlockRef, Codec, DType, ErrorClass, Manifest, RecordKind, SourceRef
-from hsx.schemas.codec import MAGIC, CorruptBlock, decode_block, encode_block, frame, read_header
-from hsx.schemas.dataset_codec import DatasetCodec, decode_sample, read_fp8
-from hsx.schemas.fp8 import from_fp8, to_fp8, widen
-from hsx.schemas.fp8_blocks import encode_fp8_block, fp8_rows, quantize_block
+from hsx.schemas.blocks import MAGIC
+from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.sink.assembler import Assembler, Record, RejectedRecords
-from hsx.dataset.sample import Sample
-from hsx.dataset.encoding import encode
 from tests.unit.test_dataset_storage import assert_decoded
 
 LAYERS, HIDDEN, BLOCK = 3, 64, 16
@@ -95,7 +97,7 @@ def _reframed(value: bytes, codes: np.ndarray, scales: np.ndarray, **changes: ob
     """A record with a valid CRC over different codes/scales: what a buggy sender might send."""
     header, _ = read_header(value)
     parts = [np.ascontiguousarray(scales, dtype="<f4").tobytes(), np.ascontiguousarray(codes).tobytes()]
-    from hsx.schemas.codec import checksum
+    from hsx.codecs.block import checksum
     from hsx.schemas.blocks import Segment
 
     changed = header.model_copy(update={"checksum": checksum(*parts), "codec": Codec.NONE, **changes,
@@ -191,7 +193,7 @@ def test_fp8_dataset_codecs_store_the_codes_as_sent(codec: DatasetCodec) -> None
     assert stored.codec is codec and stored.fp8 is None and stored.records == []
     codes, scales = read_fp8(stored.hidden_states, hidden.shape)  # type: ignore[arg-type]
     assert np.array_equal(codes, sample.fp8[0]) and np.array_equal(scales, sample.fp8[1])
-    from hsx.schemas.codec import checksum
+    from hsx.codecs.block import checksum
 
     assert stored.checksum == checksum(scales.astype("<f4"), codes)  # the fp8 frame's own CRC
     assert_decoded(hidden, torch.frombuffer(bytearray(decode_sample(
@@ -211,7 +213,7 @@ def test_other_dataset_codecs_get_it_dequantized_to_the_manifests_dtype(codec: D
     expected = torch.from_numpy(from_fp8(*sample.fp8)).to(dtype)
     assert torch.equal(decoded, expected)  # exactly the dequantized codes, narrowed once
     assert_decoded(hidden, decoded, DatasetCodec.FP8)  # within fp8's bound of what the engine had
-    from hsx.schemas.codec import checksum
+    from hsx.codecs.block import checksum
 
     assert stored.checksum == checksum(raw)  # what the lossless codec decodes back to
 

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from hsx.runtime.tensors import TORCH_DTYPES, WIRE_DTYPES
-from hsx.schemas import DType
-from hsx.schemas.shard import ShardMetadata
-from hsx.schemas.dataset_codec import DatasetCodec
-from hsx.sink.assembler import Assembler
-from hsx.dataset.sample import Sample
 from hsx.dataset.encoding import encode
+from hsx.dataset.sample import Sample
 from hsx.dataset.shards import OpenShard, write_shard
 from hsx.dataset.storage import LocalStorage
+from hsx.runtime.tensors import TORCH_DTYPES, WIRE_DTYPES
+from hsx.schemas import DType
+from hsx.schemas.dataset_codec import DatasetCodec
+from hsx.schemas.shard import ShardMetadata
+from hsx.sink.assembler import Assembler
 from tests.unit.test_assembler import HIDDEN, feed, records
 from tests.unit.test_dataset_storage import assert_decoded
 
@@ -63,10 +63,10 @@ def test_a_last_token_sample_is_stored_as_one_row(tmp_path: Path, codec: Dataset
     every dataset codec (a zstd block from token 6: byteplane-zstd re-encodes it)."""
     import torch
 
-    from hsx.schemas import BlockRecordHeaders, BlockRef, Codec, Manifest, RecordKind, SourceRef
-    from hsx.schemas.codec import encode_block, read_header
-    from hsx.sink.assembler import Record
+    from hsx.codecs.block import encode_block, read_header
     from hsx.dataset.reader import open_dataset
+    from hsx.schemas import BlockRecordHeaders, BlockRef, Codec, Manifest, RecordKind, SourceRef
+    from hsx.sink.assembler import Record
 
     row = torch.randn(1, 2, HIDDEN)
     value = encode_block(row.view(torch.uint8).numpy(), shape=(1, 2, HIDDEN), dtype=DType.FLOAT32, token_start=6,

@@ -11,7 +11,7 @@ zstd-compressed on its own: the sign/exponent bytes of bfloat16 hidden states ar
 highly repetitive and compress well once separated from the noisy mantissa bytes.
 A plane that would not shrink is stored raw. ``zstd`` (whole block) and ``none``
 remain for comparison. The header carries a CRC-32 of the raw bytes, checked on
-every decode. Codec version 2 blocks carry fp8 rows instead (:mod:`hsx.schemas.fp8_blocks`).
+every decode. Codec version 2 blocks carry fp8 rows instead (:mod:`hsx.codecs.fp8_blocks`).
 """
 
 from __future__ import annotations
@@ -28,13 +28,10 @@ import orjson
 import zstandard
 from pydantic import BaseModel, ValidationError
 
-from hsx.schemas.blocks import BlockHeader, Codec, DType, Segment
+from hsx.schemas.blocks import FRAME_PREFIX, MAGIC, MAX_HEADER_BYTES, BlockHeader, Codec, DType, Segment
 
 H = TypeVar("H", bound=BaseModel)
 
-MAGIC = b"HSXB"
-_PREFIX = struct.Struct("<4sI")
-MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_LEVEL = 1
 
 
@@ -154,18 +151,18 @@ def read_frame(value: Buffer, magic: bytes, model: type[H], what: str) -> tuple[
     """Parse ``magic | u32 header length | JSON header | payload``, the framing of
     block records and of fp8 samples, validating the header as ``model``."""
     view = memoryview(value).cast("B")
-    if view.nbytes < _PREFIX.size:
+    if view.nbytes < FRAME_PREFIX.size:
         raise CorruptBlock(f"{what} of {view.nbytes} bytes is shorter than its prefix")
-    found, header_len = _PREFIX.unpack_from(view)
+    found, header_len = FRAME_PREFIX.unpack_from(view)
     if found != magic:
         raise CorruptBlock(f"not a {what} (magic {bytes(found)!r})")
-    if header_len > MAX_HEADER_BYTES or _PREFIX.size + header_len > view.nbytes:
+    if header_len > MAX_HEADER_BYTES or FRAME_PREFIX.size + header_len > view.nbytes:
         raise CorruptBlock(f"header length {header_len} exceeds the {what}")
     try:
-        header = model.model_validate(orjson.loads(view[_PREFIX.size : _PREFIX.size + header_len]), strict=False)
+        header = model.model_validate(orjson.loads(view[FRAME_PREFIX.size : FRAME_PREFIX.size + header_len]), strict=False)
     except (orjson.JSONDecodeError, ValidationError) as exc:
         raise CorruptBlock(f"invalid {what.split()[0]} header: {exc}") from exc
-    return header, view[_PREFIX.size + header_len :]
+    return header, view[FRAME_PREFIX.size + header_len :]
 
 
 def frame(magic: bytes, header: BaseModel, parts: list[Buffer]) -> bytes:
@@ -173,7 +170,7 @@ def frame(magic: bytes, header: BaseModel, parts: list[Buffer]) -> bytes:
     Unset (``None``) fields are left out, so that a header field added later
     (``quantization``) leaves the records without it exactly as they were."""
     header_bytes = header.model_dump_json(exclude_none=True).encode()
-    return b"".join([_PREFIX.pack(magic, len(header_bytes)), header_bytes, *parts])
+    return b"".join([FRAME_PREFIX.pack(magic, len(header_bytes)), header_bytes, *parts])
 
 
 def decode_block(value: Buffer) -> tuple[BlockHeader, bytes]:

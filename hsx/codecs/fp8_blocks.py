@@ -1,7 +1,7 @@
 """fp8 block records (codec version 2): what ``hsx extract --wire-dtype fp8``
 sends instead of the rows' bytes of the model's dtype, and how the sink reads it.
 
-The record keeps the framing of :mod:`hsx.schemas.codec` (``b"HSXB"`` | u32 header
+The record keeps the framing of :mod:`hsx.codecs.block` (``b"HSXB"`` | u32 header
 length | JSON :class:`~hsx.schemas.blocks.BlockHeader` | payload). Its header says
 ``codec_version: 2`` and ``quantization: "fp8"``; ``dtype`` stays the model's,
 which the rows dequantize to. The payload is two parts, each one segment:
@@ -13,7 +13,7 @@ Each part is zstd-compressed unless the codec is ``none`` (or compressing would
 not shrink it). The CRC-32 covers what was sent, the raw scales then the raw
 codes, so the sink can keep the codes bit for bit without ever widening them.
 
-Why this layout: the quantization (:mod:`hsx.schemas.fp8`) is what the dataset's
+Why this layout: the quantization (:mod:`hsx.codecs.fp8`) is what the dataset's
 ``fp8`` codec stores too, so the sink moves codes and scales from the wire into a
 shard unchanged; one scale per token and layer costs 4 bytes per ``hidden``
 codes (0.7 % on SmolLM2's 576).
@@ -27,9 +27,9 @@ from __future__ import annotations
 import numpy as np
 from typing_extensions import Buffer
 
-from hsx.schemas.blocks import BlockHeader, Codec, DType, Segment
-from hsx.schemas.codec import DEFAULT_LEVEL, MAGIC, CorruptBlock, checksum, frame, pack_segment
-from hsx.schemas.fp8 import E4M3_MAX, MIN_SCALE, to_fp8, widen
+from hsx.codecs.block import DEFAULT_LEVEL, CorruptBlock, checksum, frame, pack_segment
+from hsx.codecs.fp8 import E4M3_MAX, MIN_SCALE, to_fp8, widen
+from hsx.schemas.blocks import MAGIC, BlockHeader, Codec, DType, Segment
 
 MAX_CODE = 0x7E
 """The E4M3FN code of 448 (``amax / 448`` scaling puts each row's largest magnitude there)."""
@@ -56,9 +56,9 @@ def encode_fp8_block(codes: Buffer, scales: Buffer, *, shape: tuple[int, int, in
 
 def fp8_rows(header: BlockHeader, raw: bytes) -> tuple[np.ndarray, np.ndarray]:
     """The ``(codes [T, L, H] uint8, scales [T, L] float32)`` of an fp8 block
-    that :func:`hsx.schemas.codec.decode_block` returned (so sizes and CRC are
+    that :func:`hsx.codecs.block.decode_block` returned (so sizes and CRC are
     verified), checked to be what ``amax / 448`` quantization can produce:
-    :class:`~hsx.schemas.codec.CorruptBlock` names the first token and layer that is
+    :class:`~hsx.codecs.block.CorruptBlock` names the first token and layer that is
     not. A CRC only proves the bytes arrived as sent; this catches a sender that
     sent something else (a NaN code, a scale that does not fit its codes)."""
     if header.quantization != "fp8":
@@ -84,7 +84,7 @@ def fp8_rows(header: BlockHeader, raw: bytes) -> tuple[np.ndarray, np.ndarray]:
 def quantize_block(raw: Buffer, *, shape: tuple[int, int, int], dtype: DType, token_start: int,
                    codec: Codec = Codec.BYTEPLANE_ZSTD, level: int = DEFAULT_LEVEL) -> bytes:
     """The fp8 record of rows given as raw bytes of ``dtype``, quantized in numpy
-    (:func:`hsx.schemas.fp8.to_fp8`, the same codes and scales as the connector's
+    (:func:`hsx.codecs.fp8.to_fp8`, the same codes and scales as the connector's
     torch): for tests and tools without torch. ``ValueError`` on non-finite rows."""
     codes, scales = to_fp8(widen(raw, shape, dtype))
     return encode_fp8_block(codes, scales.astype("<f4"), shape=shape, dtype=dtype, token_start=token_start,
