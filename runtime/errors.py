@@ -13,7 +13,7 @@ from hsx.schemas import ErrorClass
 
 
 class ExitCode(IntEnum):
-    """What an ``hsx`` command's exit status means (documented in the README)."""
+    """What an ``hsx`` command's exit status means (the table in docs/cli.md)."""
 
     OK = 0
     FAILED = 1
