@@ -39,8 +39,8 @@ from pathlib import Path
 import psutil
 
 from bench import report
-from hsx.local.spawn import cpu_engine_env
 from hsx.extractor.cpu_defaults import cpu_list
+from hsx.local.spawn import cpu_engine_env
 
 SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale", "dataset_codecs", "object_store"]
 ROOT = Path(__file__).resolve().parent.parent

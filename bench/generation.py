@@ -52,8 +52,8 @@ from hsx.extractor.connector.kafka_settings import write_kafka_settings
 from hsx.extractor.engine import Engine, EngineOptions, default_layer_ids, engine_args
 from hsx.extractor.model_config import text_config
 from hsx import models
-from hsx.local.topics import fresh_topic_settings
 from hsx.local.broker import dev_bootstrap
+from hsx.local.topics import fresh_topic_settings
 from hsx.runtime.kafka import ensure_topics
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import Generation, SourceRef

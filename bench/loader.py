@@ -36,8 +36,8 @@ from safetensors import safe_open
 from torch.utils.data import DataLoader
 
 from bench.sink_scale import standalone
-from hsx.local.training_data import TrainingDataSpec, write_training_dataset
 from hsx.dataset.shards import SHARDS
+from hsx.local.training_data import TrainingDataSpec, write_training_dataset
 from hsx.trainer import HsxDataset, PackedCollate
 
 TOTAL = 2048

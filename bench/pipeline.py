@@ -38,12 +38,12 @@ import psutil
 
 from bench.prompts import workload
 from hsx import models
+from hsx.local.broker import dev_bootstrap
 from hsx.local.commands import extract_command, sink_command
 from hsx.local.spawn import HsxService, cpu_engine_env
 from hsx.local.topics import fresh_topics
 from hsx.producer.publisher import Mapping, Publisher
 from hsx.producer.sources import read_jsonl
-from hsx.local.broker import dev_bootstrap
 from hsx.runtime.kafka import RecordProducer
 from hsx.runtime.settings import KafkaSettings
 

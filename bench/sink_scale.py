@@ -36,13 +36,13 @@ from pathlib import Path
 import psutil
 
 from bench import report
+from hsx.dataset.storage import LocalStorage
+from hsx.local.broker import dev_bootstrap
 from hsx.local.commands import sink_command
 from hsx.local.datasets import write_tiny_dataset
 from hsx.local.spawn import HsxService
 from hsx.local.topics import fresh_topics
-from hsx.local.broker import dev_bootstrap
 from hsx.runtime.settings import KafkaSettings, TopicSettings
-from hsx.dataset.storage import LocalStorage
 
 ROOT = Path(__file__).resolve().parent.parent
 PER_SHARD = 10_000

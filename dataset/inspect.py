@@ -7,12 +7,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from hsx.runtime.checks import existing_dir
-from hsx.runtime.errors import UsageError
-from hsx.schemas import HiddenStatesReady
 from hsx.dataset.reader import open_dataset
 from hsx.dataset.shards import INDEX, SHARDS
 from hsx.dataset.storage import is_object_store
+from hsx.runtime.checks import existing_dir
+from hsx.runtime.errors import UsageError
+from hsx.schemas import HiddenStatesReady
 
 DATASET = "a dataset written by hsx sink"
 

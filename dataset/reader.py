@@ -29,15 +29,15 @@ from typing import Any
 
 from confluent_kafka import Consumer
 
+from hsx.dataset.encoding import read_hidden_states
+from hsx.dataset.safetensors_io import RemoteShard, open_shard, prefetch
+from hsx.dataset.shards import read_indexes
+from hsx.dataset.storage import Storage, open_storage
 from hsx.runtime.kafka import ConsumerErrors, consumer_config
 from hsx.runtime.recent import RecentKeys
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady
 from hsx.schemas.topics import READY
-from hsx.dataset.encoding import read_hidden_states
-from hsx.dataset.safetensors_io import RemoteShard, open_shard, prefetch
-from hsx.dataset.shards import read_indexes
-from hsx.dataset.storage import Storage, open_storage
 
 READ_AHEAD_BYTES = 64 << 20
 """How much of a remote shard one round of requests fetches when reading in order."""

@@ -11,9 +11,9 @@ import asyncio
 import logging
 import uuid
 
+from hsx.extractor import regeneration
 from hsx.extractor.completion import CompletionReceiver
 from hsx.extractor.engine import Engine
-from hsx.extractor import regeneration
 from hsx.extractor.prompts import PreparedPrompt
 from hsx.extractor.stats import ExtractorStats
 from hsx.runtime.errors import InvalidInput, ServiceFailed

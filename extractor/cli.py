@@ -18,8 +18,8 @@ from hsx.extractor.service import Extractor
 from hsx.runtime.checks import bounded, enum_value, integer, model_dir, number, writable_file
 from hsx.runtime.errors import UsageError
 from hsx.runtime.kafka.admin import add_connect_timeout, wait_for_cluster
-from hsx.runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, from_args, overrides
 from hsx.runtime.logs import redact_secrets
+from hsx.runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, from_args, overrides
 from hsx.schemas import Codec
 from hsx.schemas.connector import ConnectorConfig, WireDType, request_bytes_bound
 

@@ -24,8 +24,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hsx.schemas import PromptEvent
     from hsx.dataset.reader import follow, open_dataset
+    from hsx.schemas import PromptEvent
     from hsx.trainer.collate import PackedCollate
     from hsx.trainer.dataset import HsxDataset
     from hsx.trainer.online import ReadyStream

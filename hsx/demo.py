@@ -21,16 +21,16 @@ from importlib import resources
 from pathlib import Path
 
 from hsx import models
-from hsx.reference import HFReference, max_relative_error
-from hsx.run import RunPlan, run_pipeline, stopping_children_on_interrupt
-from hsx.summary import RunReport, render
-from hsx.producer.sources import read_jsonl
-from hsx.local.s3server import LocalS3, dev_s3
-from hsx.local.broker import dev_bootstrap
-from hsx.runtime.checks import writable_dir
-from hsx.runtime.errors import ExitCode, UsageError
 from hsx.dataset.reader import open_dataset
 from hsx.dataset.shards import DATASET_FOLDERS
+from hsx.local.broker import dev_bootstrap
+from hsx.local.s3server import LocalS3, dev_s3
+from hsx.producer.sources import read_jsonl
+from hsx.reference import HFReference, max_relative_error
+from hsx.run import RunPlan, run_pipeline, stopping_children_on_interrupt
+from hsx.runtime.checks import writable_dir
+from hsx.runtime.errors import ExitCode, UsageError
+from hsx.summary import RunReport, render
 
 DEMO_PROMPTS = "demo_prompts.jsonl"
 MODEL = "smollm2-135m-instruct"

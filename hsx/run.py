@@ -29,15 +29,17 @@ from typing import get_args
 import psutil
 from tqdm import tqdm
 
+from hsx.dataset.reader import Dataset
+from hsx.dataset.storage import is_object_store, open_storage
+from hsx.extractor.cli import add_model_arguments, as_argv, model_and_layers
+from hsx.ledger import Ledger, LedgerFeed
+from hsx.local.broker import EmbeddedBroker
 from hsx.local.commands import extract_command, sink_command
 from hsx.local.spawn import HsxService
 from hsx.local.topics import fresh_topic_settings
-from hsx.extractor.cli import add_model_arguments, as_argv, model_and_layers
-from hsx.ledger import Ledger, LedgerFeed
 from hsx.producer.cli import add_input_arguments, input_from_args
 from hsx.producer.publisher import InvalidPolicy, Mapping, Publisher, PublishSummary
 from hsx.producer.sources import SourceLine
-from hsx.local.broker import EmbeddedBroker
 from hsx.runtime.checks import bounded, model_dir, outside, writable_dir
 from hsx.runtime.errors import ExitCode
 from hsx.runtime.kafka import RecordProducer, ensure_topics
@@ -46,9 +48,7 @@ from hsx.runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettin
 from hsx.schemas import Topics
 from hsx.schemas.connector import WireDType
 from hsx.schemas.dataset_codec import DatasetCodec
-from hsx.dataset.reader import Dataset
 from hsx.sink.service import dataset_name
-from hsx.dataset.storage import is_object_store, open_storage
 from hsx.summary import RunReport, render
 
 LOST_AFTER_SECONDS = 120.0

@@ -6,9 +6,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from hsx.dataset.storage import open_storage
 from hsx.ledger import Ledger
 from hsx.producer.publisher import PublishSummary
-from hsx.dataset.storage import open_storage
 
 
 @dataclass

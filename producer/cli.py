@@ -22,8 +22,8 @@ from hsx.runtime.checks import enum_value, integer
 from hsx.runtime.errors import ExitCode, UsageError
 from hsx.runtime.kafka import RecordProducer, ensure_topics
 from hsx.runtime.kafka.admin import ONE_SHOT_CONNECT_TIMEOUT, add_connect_timeout
-from hsx.runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
 from hsx.runtime.logs import redact_secrets
+from hsx.runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
 from hsx.schemas import Generation, format_validation_error
 
 log = logging.getLogger(__name__)

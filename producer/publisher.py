@@ -12,9 +12,9 @@ import orjson
 from pydantic import ValidationError
 
 from hsx.producer.sources import DatasetFormat, MappingError, SourceLine, to_event_dict
+from hsx.runtime.errors import InvalidInput
 from hsx.runtime.kafka import RecordProducer
 from hsx.runtime.kafka.dead_letters import DeadLetters
-from hsx.runtime.errors import InvalidInput
 from hsx.schemas import DEFAULT_LIMITS, ErrorClass, Generation, PromptEvent, PromptLimits, Topics, format_validation_error
 
 log = logging.getLogger(__name__)

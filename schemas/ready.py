@@ -10,9 +10,9 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, JsonValue
 
 from hsx.schemas.blocks import Checksum, DType, PositiveInt
+from hsx.schemas.common import SCHEMA_VERSION, Capture, NonNegativeInt, RequestId, StrictModel
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.schemas.generation import GenerationRecord
-from hsx.schemas.common import SCHEMA_VERSION, Capture, NonNegativeInt, RequestId, StrictModel
 
 
 def _relative_path(value: str) -> str:

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import orjson
 
+from hsx.dataset.storage import is_object_store, open_storage
+from hsx.dataset.storage.s3 import MIN_PART_BYTES
 from hsx.runtime.checks import integer, number, writable_dir, writable_file
 from hsx.runtime.kafka.admin import add_connect_timeout, wait_for_cluster
-from hsx.runtime.settings import KafkaSettings, TopicSettings, from_args, overrides
 from hsx.runtime.logs import redact_secrets
+from hsx.runtime.settings import KafkaSettings, TopicSettings, from_args, overrides
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.sink.options import SinkOptions
 from hsx.sink.service import Sink
-from hsx.dataset.storage import is_object_store, open_storage
-from hsx.dataset.storage.s3 import MIN_PART_BYTES
 
 _DEFAULTS = SinkOptions(output=".")
 

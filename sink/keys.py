@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hsx.schemas import ShardIndex
-from hsx.schemas.keys import KEY_RECORD, decode_keys, encode_keys, request_key, token_key
 from hsx.dataset.shards import INDEX, KEYS, partition_stems, stem_offset, stored_token_ids
 from hsx.dataset.storage import Storage
+from hsx.schemas import ShardIndex
+from hsx.schemas.keys import KEY_RECORD, decode_keys, encode_keys, request_key, token_key
 
 log = logging.getLogger(__name__)
 

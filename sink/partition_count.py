@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from hsx.runtime.errors import HsxError
-from hsx.schemas.shard import TopicRecord
 from hsx.dataset.shards import TOPICS, safe_name
 from hsx.dataset.storage import Storage
+from hsx.runtime.errors import HsxError
+from hsx.schemas.shard import TopicRecord
 
 
 class PartitionCountChanged(HsxError):

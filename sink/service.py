@@ -16,6 +16,10 @@ from pathlib import Path
 
 from confluent_kafka import Message, Producer
 
+from hsx.dataset.encoding import encode
+from hsx.dataset.sample import Sample
+from hsx.dataset.shards import OpenShard, write_shard
+from hsx.dataset.storage import Storage, StorageRefused, is_object_store, open_storage
 from hsx.runtime.errors import InvalidInput, ServiceFailed
 from hsx.runtime.kafka import DeliveryFailed, RecordProducer, ensure_topics
 from hsx.runtime.kafka.config import MAX_MESSAGE_BYTES
@@ -26,16 +30,12 @@ from hsx.runtime.logs import record_fields
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import ErrorClass, HiddenStatesReady
 from hsx.sink.assembler import Record, RejectedRecords
-from hsx.dataset.sample import Sample
-from hsx.dataset.encoding import encode
 from hsx.sink.memory import release_large_buffers_to_the_os
 from hsx.sink.options import SinkOptions
 from hsx.sink.partition import PartitionState
 from hsx.sink.partition_count import check_partition_count, refusal
 from hsx.sink.ready import ReadyPublisher
-from hsx.dataset.shards import OpenShard, write_shard
 from hsx.sink.stats import SinkStats
-from hsx.dataset.storage import Storage, StorageRefused, is_object_store, open_storage
 
 log = logging.getLogger(__name__)
 

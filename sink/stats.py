@@ -8,8 +8,8 @@ from typing import ClassVar
 
 from prometheus_client import Gauge
 
-from hsx.runtime.stats import Recorder, counted
 from hsx.dataset.sample import Sample
+from hsx.runtime.stats import Recorder, counted
 
 _BUFFERED_BYTES = Gauge("hsx_sink_buffered_bytes", "Bytes held in memory (pending blocks + open shards)")
 _KNOWN_SAMPLES = Gauge("hsx_sink_known_samples", "Samples of the assigned partitions already in the dataset (dedupe keys held)")

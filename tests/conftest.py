@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from hsx.local.broker import dev_bootstrap
 from hsx.local.s3server import dev_s3
 from hsx.local.s3service import AWS_ENV_OVERRIDDEN, S3Service
 from hsx.local.topics import fresh_topic_settings
-from hsx.local.broker import dev_bootstrap
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 
 

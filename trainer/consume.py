@@ -13,12 +13,12 @@ import torch
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from pydantic import ValidationError
 
+from hsx.dataset.reader import ShardHandles
 from hsx.runtime.kafka import ConsumerErrors, consumer_config
 from hsx.runtime.recent import RecentKeys
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady, format_validation_error
 from hsx.schemas.training import LossMaskPolicy
-from hsx.dataset.reader import ShardHandles
 from hsx.trainer.offsets import Position, Progress
 from hsx.trainer.samples import LayerLayout, TrainingSample, check_trainable, choose_layers, loss_mask, read_sample
 

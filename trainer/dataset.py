@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 import torch.utils.data
 
+from hsx.dataset.reader import open_dataset
 from hsx.schemas import HiddenStatesReady
 from hsx.schemas.training import LossMaskPolicy
-from hsx.dataset.reader import open_dataset
 from hsx.trainer.samples import LayerLayout, TrainingSample, check_trainable, choose_layers, loss_mask, read_sample
 
 

@@ -32,12 +32,12 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from hsx.runtime.checks import existing_dir, new_dir, outside
-from hsx.runtime.errors import UsageError
-from hsx.schemas.training import ExportMetadata, LossMaskPolicy
 from hsx.dataset.inspect import DATASET
 from hsx.dataset.shards import INDEX
 from hsx.dataset.storage import is_object_store
+from hsx.runtime.checks import existing_dir, new_dir, outside
+from hsx.runtime.errors import UsageError
+from hsx.schemas.training import ExportMetadata, LossMaskPolicy
 from hsx.trainer.dataset import HsxDataset
 from hsx.trainer.samples import layer_list
 

@@ -52,13 +52,13 @@ import torch.utils.data
 from confluent_kafka import Consumer, KafkaException
 from pydantic import ValidationError
 
+from hsx.dataset.reader import ShardHandles
+from hsx.dataset.storage import open_storage
 from hsx.runtime.kafka import consumer_config
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import format_validation_error
 from hsx.schemas.topics import READY
 from hsx.schemas.training import LossMaskPolicy, OnlineLoaderState
-from hsx.dataset.reader import ShardHandles
-from hsx.dataset.storage import open_storage
 from hsx.trainer.consume import ConsumeOptions, consume
 from hsx.trainer.offsets import Position, Progress
 from hsx.trainer.samples import TrainingSample

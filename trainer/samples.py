@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
+from hsx.dataset.encoding import read_hidden_states
+from hsx.dataset.safetensors_io import prefetch
 from hsx.schemas import HiddenStatesReady
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.schemas.training import LossMaskPolicy
-from hsx.dataset.encoding import read_hidden_states
-from hsx.dataset.safetensors_io import prefetch
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ import obstore
 from obstore.exceptions import BaseError, PermissionDeniedError, UnauthenticatedError
 from obstore.store import S3Store
 
-from hsx.runtime.errors import HsxError, UsageError
 from hsx.dataset.storage.base import StorageRefused, StorageUnavailable, UnsupportedLocation, Writer, checked_parts
+from hsx.runtime.errors import HsxError, UsageError
 
 MIN_PART_BYTES = 5 << 20
 """S3's smallest multipart part (all but the last)."""

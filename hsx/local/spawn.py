@@ -23,8 +23,8 @@ from typing import Any
 import orjson
 import psutil
 
-from hsx.local.scrape import get, metric, metric_sum
 from hsx.local.broker import free_port
+from hsx.local.scrape import get, metric, metric_sum
 
 
 def cpu_engine_env(**overrides: str) -> dict[str, str]:

@@ -17,8 +17,8 @@ from hsx.extractor.completion import CompletionSender
 from hsx.extractor.connector.gather import gather_cpu
 from hsx.extractor.connector.metadata import SendJob
 from hsx.extractor.connector.sender import BlockSender
-from hsx.local.topics import fresh_topic_settings
 from hsx.local.broker import free_port
+from hsx.local.topics import fresh_topic_settings
 from hsx.runtime.kafka import RecordProducer, ensure_topics
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import BlockRecordHeaders, Codec, RecordKind

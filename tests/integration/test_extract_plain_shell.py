@@ -13,10 +13,10 @@ import pytest
 from confluent_kafka import Producer
 
 from hsx import models
+from hsx.extractor.cpu_defaults import BIND_ENV, KV_ENV, cpu_list
 from hsx.local.commands import extract_command
 from hsx.local.spawn import HsxService, cpu_engine_env
 from hsx.local.topics import fresh_topics
-from hsx.extractor.cpu_defaults import BIND_ENV, KV_ENV, cpu_list
 from tests.drain import drain
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from tests.engine_helpers import reassemble

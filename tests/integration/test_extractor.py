@@ -13,9 +13,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from hsx import models
 from hsx.local.topics import fresh_topics
+from hsx.reference import HFReference, max_relative_error
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import DlqHeaders
-from hsx.reference import HFReference, max_relative_error
 from tests.engine_helpers import Sample, reassemble, run_extractor
 from tests.drain import drain
 

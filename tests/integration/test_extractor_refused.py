@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from hsx import models
+from hsx.local.broker import EmbeddedBroker
 from hsx.local.commands import extract_command
 from hsx.local.spawn import HsxService, cpu_engine_env
 from hsx.local.topics import fresh_topics
-from hsx.local.broker import EmbeddedBroker
 from tests.drain import drain
 from hsx.runtime.settings import KafkaSettings
 from tests.reliability.harness import as_records, committed, publish, text_prompts, wait_until

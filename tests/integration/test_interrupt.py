@@ -24,8 +24,8 @@ import psutil
 import pytest
 
 from hsx import models
-from hsx.runtime.errors import ExitCode
 from hsx.dataset.reader import open_dataset
+from hsx.runtime.errors import ExitCode
 
 pytestmark = pytest.mark.integration
 

@@ -12,13 +12,13 @@ from safetensors.torch import load
 from torch.utils.data import DataLoader
 
 from hsx.cli import main
-from hsx.local.s3service import S3Service
-from hsx.local.training_data import TrainingDataSpec, write_training_dataset
-from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.dataset.reader import open_dataset
 from hsx.dataset.safetensors_io import RemoteShard
 from hsx.dataset.storage import LocalStorage, Storage, StorageRefused, open_storage
 from hsx.dataset.storage import s3 as s3_storage
+from hsx.local.s3service import S3Service
+from hsx.local.training_data import TrainingDataSpec, write_training_dataset
+from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.trainer import HsxDataset
 
 pytestmark = [pytest.mark.integration]

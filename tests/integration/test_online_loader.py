@@ -15,13 +15,13 @@ import torch
 from confluent_kafka import Producer
 from torch.utils.data import DataLoader
 
+from hsx.dataset.reader import MissingShard
+from hsx.dataset.storage import open_storage
 from hsx.local.topics import fresh_topic_settings
 from hsx.local.training_data import TrainingDataSpec, write_training_dataset
 from hsx.runtime.kafka import ensure_topics, producer_config
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady
-from hsx.dataset.reader import MissingShard
-from hsx.dataset.storage import open_storage
 from hsx.trainer import PaddedCollate, ReadyStream
 from hsx.trainer.consume import my_partitions
 from tests.integration.online_trainer import BATCH

@@ -18,13 +18,13 @@ from safetensors import safe_open
 
 from hsx import models
 from hsx.cli import main
+from hsx.dataset.reader import follow, open_dataset
 from hsx.local.commands import produce_command, sink_command
 from hsx.local.spawn import HsxService
 from hsx.local.topics import fresh_topics
 from hsx.reference import HFReference, max_relative_error
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import HiddenStatesReady
-from hsx.dataset.reader import follow, open_dataset
 from tests.engine_helpers import run_extractor
 from tests.reliability.harness import index_counts
 from tests.integration.test_extractor import good_prompts

@@ -14,10 +14,10 @@ import orjson
 import pytest
 
 from hsx import models
-from hsx.reference import HFReference, max_relative_error
 from hsx.dataset.reader import open_dataset
 from hsx.dataset.shards import read_indexes
 from hsx.dataset.storage import LocalStorage
+from hsx.reference import HFReference, max_relative_error
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 

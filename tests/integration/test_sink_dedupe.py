@@ -16,10 +16,10 @@ from hsx.local.spawn import HsxService
 from hsx.local.topics import fresh_topics
 from hsx.runtime.kafka.config import client_config
 from tests.drain import drain
-from hsx.runtime.settings import KafkaSettings, TopicSettings
-from hsx.schemas import HiddenStatesReady, ShardIndex
 from hsx.dataset.shards import INDEX, shard_stem
 from hsx.dataset.storage import LocalStorage
+from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.schemas import HiddenStatesReady, ShardIndex
 from tests.reliability.harness import dead_letters, index_counts, publish
 from tests.unit.test_assembler import records
 

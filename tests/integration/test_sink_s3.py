@@ -17,9 +17,9 @@ from hsx.local.s3service import S3Service
 from hsx.local.spawn import HsxService, cpu_engine_env
 from hsx.local.topics import fresh_topics
 from tests.drain import drain
+from hsx.dataset.reader import open_dataset
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady
-from hsx.dataset.reader import open_dataset
 from tests.reliability.harness import committed, index_counts, publish, wait_until
 from tests.unit.test_assembler import records
 

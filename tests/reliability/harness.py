@@ -15,11 +15,11 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from hsx.local.commands import extract_command, sink_command
 from tests.drain import drain
+from hsx.dataset.shards import read_indexes
+from hsx.dataset.storage import is_object_store, open_storage
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import DlqHeaders, HiddenStatesReady
 from hsx.sink.assembler import Record
-from hsx.dataset.shards import read_indexes
-from hsx.dataset.storage import is_object_store, open_storage
 
 FIGURES = Path(__file__).resolve().parents[2] / "out" / "reliability.json"
 

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from hsx import models
+from hsx.dataset.reader import open_dataset
 from hsx.local.spawn import HsxService
 from hsx.local.topics import fresh_topics
 from hsx.reference import max_relative_error
 from hsx.runtime.settings import KafkaSettings
-from hsx.dataset.reader import open_dataset
 from tests.reliability.harness import (
     as_records, check_exactly_once, extract_args, index_counts, publish, record_figures, sink_args, text_prompts,
     wait_until,

@@ -15,8 +15,8 @@ from hsx import models
 from hsx.local.spawn import HsxService
 from hsx.local.topics import fresh_topics
 from tests.drain import drain
-from hsx.runtime.settings import KafkaSettings
 from hsx.dataset.reader import open_dataset
+from hsx.runtime.settings import KafkaSettings
 from tests.reliability.harness import dead_letters, extract_args, index_counts, publish, record_figures, sink_args
 from tests.unit.test_prompt_event import INVALID, SMALL
 

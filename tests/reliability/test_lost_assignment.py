@@ -25,10 +25,10 @@ import pytest
 from confluent_kafka import Message
 
 from hsx import models
+from hsx.local.broker import EmbeddedBroker
 from hsx.local.commands import extract_command, produce_command, sink_command
 from hsx.local.spawn import HsxService
 from hsx.local.topics import fresh_topics
-from hsx.local.broker import EmbeddedBroker
 from hsx.runtime.kafka import RecordProducer, ensure_topics
 from hsx.runtime.kafka.member import GroupMember
 from hsx.runtime.settings import KafkaSettings, TopicSettings

@@ -33,13 +33,13 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from hsx import models
+from hsx.dataset.reader import open_dataset
+from hsx.local.broker import EmbeddedBroker, free_port
 from hsx.local.commands import extract_command, produce_command, sink_command
 from hsx.local.spawn import HsxService, cpu_engine_env
 from hsx.local.topics import fresh_topics
 from hsx.reference import max_relative_error
-from hsx.local.broker import EmbeddedBroker, free_port
 from hsx.runtime.settings import KafkaSettings, TopicSettings
-from hsx.dataset.reader import open_dataset
 from tests.reliability.harness import check_exactly_once, dead_letters, index_counts, record_figures, wait_until
 from tests.reliability.netfaults import FaultProxy, wait
 

@@ -12,11 +12,11 @@ import orjson
 import pytest
 
 from hsx.cli import main
-from hsx.runtime.errors import ExitCode
-from hsx.sink.assembler import Assembler, Record
 from hsx.dataset.sample import Sample
 from hsx.dataset.shards import OpenShard, write_shard
 from hsx.dataset.storage import LocalStorage
+from hsx.runtime.errors import ExitCode
+from hsx.sink.assembler import Assembler, Record
 from tests.unit.test_assembler import feed, records
 
 

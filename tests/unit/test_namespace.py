@@ -87,8 +87,8 @@ def test_import_hsx_loads_neither_torch_nor_vllm(tmp_path: Path) -> None:
 
 
 def test_public_api_resolves_to_its_defining_modules() -> None:
-    from hsx.schemas import PromptEvent
     from hsx.dataset.reader import follow, open_dataset
+    from hsx.schemas import PromptEvent
     from hsx.trainer import HsxDataset, PackedCollate, ReadyStream
 
     expected = {"open_dataset": open_dataset, "follow": follow, "HsxDataset": HsxDataset,

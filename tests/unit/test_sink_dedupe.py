@@ -10,17 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hsx.dataset.shards import INDEX, KEYS, SHARDS, OpenShard, partition_prefix, shard_stem, write_shard
+from hsx.dataset.storage import LocalStorage
 from hsx.local.datasets import tiny_sample, write_tiny_dataset
 from hsx.runtime.settings import KafkaSettings, TopicSettings
-from hsx.schemas.shard import TopicRecord
 from hsx.schemas.keys import KEY_RECORD, KEYS_MAGIC, decode_keys, encode_keys, request_key, token_key
+from hsx.schemas.shard import TopicRecord
 from hsx.sink.keys import ROLLUP_AFTER, KeyIndex, rollup_path
 from hsx.sink.options import SinkOptions
 from hsx.sink.partition import DatasetDamaged, PartitionState
 from hsx.sink.partition_count import PartitionCountChanged, check_partition_count, record_path
 from hsx.sink.service import Sink
-from hsx.dataset.shards import INDEX, KEYS, SHARDS, OpenShard, partition_prefix, shard_stem, write_shard
-from hsx.dataset.storage import LocalStorage
 
 TOPIC = "hidden_states.blocks"
 

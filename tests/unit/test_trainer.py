@@ -13,9 +13,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from hsx.cli import main
+from hsx.dataset.reader import open_dataset
 from hsx.local.training_data import TrainingDataSpec, write_training_dataset
 from hsx.schemas.training import OnlineLoaderState
-from hsx.dataset.reader import open_dataset
 from hsx.trainer import HsxDataset, PackedCollate, PaddedCollate, choose_layers
 from hsx.trainer.export import token_frequencies
 from hsx.trainer.offsets import Position, Progress
