@@ -39,6 +39,7 @@ def _setuptools_major() -> int:
 def test_wheel_holds_only_hsx_and_installs_without_torch(tmp_path: Path) -> None:
     # Built from a copy: setuptools writes build/ and *.egg-info beside the sources.
     src = tmp_path / "src"
+    src.mkdir()
     for name in SOURCES:
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))

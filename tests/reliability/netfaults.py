@@ -78,10 +78,15 @@ class FaultProxy:
             for conn in list(self._live):
                 conn.client.transport.abort()
                 conn.broker.transport.abort()
+            pipes = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in pipes:
+                task.cancel()
+            await asyncio.gather(*pipes, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()  # its self-pipe sockets, else left to the garbage collector
 
     def set(self, service: str, **faults: float | bool) -> None:
         """Replace ``service``'s faults (``set(name)`` clears them)."""
