@@ -9,7 +9,6 @@ whether any record was still unacknowledged at that moment was a race.)"""
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from hsx.local.topics import fresh_topics
 from hsx.runtime.settings import KafkaSettings
 from tests.drain import drain
 from tests.reliability.harness import as_records, committed, publish, text_prompts, wait_until
-from tests.reliability.netfaults import FaultProxy
+from tests.reliability.netfaults import FaultProxy, is_connector
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
@@ -36,14 +35,9 @@ def test_refused_block_records_stop_the_extractor_without_committing(tmp_path: P
     extractor: HsxService | None = None
 
     def connector(pid: int) -> str | None:
-        """A process of the extractor's group other than the service itself: vLLM's
-        engine and worker, where the connector produces the block records."""
-        if extractor is None or extractor.proc is None or pid == extractor.pid:
+        if extractor is None or extractor.proc is None:
             return None
-        try:
-            return "connector" if os.getpgid(pid) == extractor.pid else None
-        except ProcessLookupError:
-            return None
+        return "connector" if is_connector(extractor.pid, pid) else None
 
     proxy_port, broker_port = free_port(), free_port()
     proxy = FaultProxy(proxy_port, broker_port, classify=connector).start()

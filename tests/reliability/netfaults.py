@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import socket
 import struct
@@ -206,6 +207,18 @@ def _abort_with_rst(writer: asyncio.StreamWriter) -> None:
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
+
+
+def is_connector(extractor_pid: int, pid: int) -> bool:
+    """Whether ``pid`` is one of vLLM's processes under an extractor (its engine
+    core or worker, where the connector produces the block records): a process of
+    the extractor's own process group other than the service itself."""
+    if pid == extractor_pid:
+        return False
+    try:
+        return os.getpgid(pid) == extractor_pid
+    except ProcessLookupError:
+        return False
 
 
 def wait(seconds: float, tick: Callable[[], None] = lambda: None) -> None:

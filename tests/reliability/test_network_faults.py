@@ -41,7 +41,7 @@ from hsx.local.topics import fresh_topics
 from hsx.reference import max_relative_error
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from tests.reliability.harness import check_exactly_once, dead_letters, index_counts, record_figures, wait_until
-from tests.reliability.netfaults import FaultProxy, wait
+from tests.reliability.netfaults import FaultProxy, is_connector, wait
 
 # The shared run (two pipelines, one through six faults) happens in the first test's setup.
 pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.timeout(1800)]
@@ -92,7 +92,7 @@ class Pipeline:
             return None
         for service in (self.extractor, self.sink):
             if service.proc is not None and service.exited() is None and group == service.pid:
-                if service is self.extractor and pid != service.pid:
+                if service is self.extractor and is_connector(service.pid, pid):
                     return "connector"
                 return service.name
         return "producer" if group in self._producers else None
