@@ -1,4 +1,4 @@
-"""The completion channel: how the connector, inside vLLM's worker process,
+"""The completion channel: how the connector, inside vLLM's engine process,
 tells the extractor that a request attempt's records are all acknowledged by
 Kafka (or failed). vLLM hands outputs back *before* the connector has sent
 anything, so this channel, not the output, is what "done" means.

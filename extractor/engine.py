@@ -76,11 +76,13 @@ class Engine:
         memory becomes a one-line :class:`UsageError` naming what to change."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from hsx.extractor.cpu_defaults import apply_cpu_defaults, explain_start_failure
+        from hsx.extractor.cpu_defaults import apply_cpu_defaults, explain_start_failure, worker_in_engine_core
 
-        apply_cpu_defaults(options)
+        defaults = apply_cpu_defaults(options)
+        args = engine_args(options, connector)
         try:
-            self._llm = AsyncLLM.from_engine_args(engine_args(options, connector))
+            with worker_in_engine_core(defaults, args):
+                self._llm = AsyncLLM.from_engine_args(args)
         except (RuntimeError, ValueError) as exc:  # the worker's own error stays in its process
             reason = explain_start_failure(options, exc)
             if reason is None:

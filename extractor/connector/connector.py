@@ -7,8 +7,9 @@ vLLM creates one instance per role, in different processes:
   ``request_finished`` records a :class:`SendJob` (block ids, prompt tokens, the
   app's parameters) and returns ``delay_free=True`` so vLLM keeps the request's
   cache blocks; the next ``build_connector_meta`` hands the job to the worker.
-* **Worker side** (the model-runner process; on CPU a separate process, on CUDA
-  with one GPU inside EngineCore): ``get_finished`` gathers each job's hidden states
+* **Worker side** (the model-runner process: with one rank inside EngineCore (on
+  CPU hsx sets that up, :mod:`hsx.extractor.cpu_defaults`), with more a process
+  per rank): ``get_finished`` gathers each job's hidden states
   with one indexing op (only while the in-flight budget allows; otherwise the
   blocks simply stay pinned, which is the backpressure), hands them to the
   :class:`BlockSender`, and reports requests whose records Kafka acknowledged, so

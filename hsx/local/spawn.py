@@ -180,10 +180,10 @@ class HsxService:
         return self._tree_total(lambda proc: sum(proc.cpu_times()[:2]))  # user + system
 
     def child(self, name: str) -> int:
-        """The pid of the tree's process named ``name`` (e.g. ``VLLM::Worker``)."""
+        """The pid of the tree's process named ``name`` (e.g. ``VLLM::EngineCore``)."""
         for proc in self._tree():
             with suppress(psutil.NoSuchProcess):
-                if proc.name() == name[:15]:  # the kernel keeps 15 characters of it
+                if proc.name()[:15] == name[:15]:  # the kernel keeps 15 characters (psutil may add more)
                     return proc.pid
         raise ServiceError(f"no process {name} under {self.name}")
 

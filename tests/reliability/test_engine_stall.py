@@ -1,7 +1,7 @@
-"""A stuck engine: the vLLM worker stops making progress (here: SIGSTOP) while
-prompts are in flight. The extractor notices within --stall-timeout and exits 1
-so that its orchestrator restarts it, instead of holding its partitions forever;
-nothing unfinished was committed."""
+"""A stuck engine: vLLM's engine core (which runs the worker on CPU) stops making
+progress (here: SIGSTOP) while prompts are in flight. The extractor notices within
+--stall-timeout and exits 1 so that its orchestrator restarts it, instead of holding
+its partitions forever; nothing unfinished was committed."""
 
 from __future__ import annotations
 
@@ -36,8 +36,7 @@ def test_a_stuck_engine_makes_the_extractor_exit(kafka: KafkaSettings, tmp_path:
     with extractor:
         extractor.wait_ready()
         wait_until(lambda: extractor.metric("hsx_extractor_prompts_total") >= 8, 300, "the first prompts")
-        worker = extractor.child("VLLM::Worker")
-        os.kill(worker, signal.SIGSTOP)
+        os.kill(extractor.child("VLLM::EngineCore"), signal.SIGSTOP)
         stopped = time.monotonic()
         acked_at_stop = extractor.metric("hsx_extractor_prompts_total")
         assert extractor.proc is not None

@@ -106,6 +106,16 @@ def test_threads_are_bound_to_every_usable_cpu() -> None:
     assert BIND_ENV not in defaults(world_size=2).env  # vLLM's auto binding splits the cores between ranks
 
 
+def test_one_rank_runs_its_worker_in_the_engine_core_bound_to_the_same_cpus() -> None:
+    chosen = defaults()
+    assert chosen.worker_env == {"OMP_NUM_THREADS": "2", "OMP_PLACES": "{0,1}", "OMP_PROC_BIND": "true"}
+    assert chosen.describe().endswith("worker in the EngineCore process")
+    # The user's executor or binding, or several ranks: vLLM's executor as it comes.
+    assert defaults(executor_chosen=True).worker_env == {}
+    assert defaults(environ={BIND_ENV: "0"}).worker_env == {}
+    assert defaults(world_size=2).worker_env == {}
+
+
 def test_nothing_on_gpu() -> None:
     assert cpu_engine_defaults(SMOLLM2, dtype="bfloat16", max_model_len=2048, max_num_seqs=None, num_hidden_states=4,
                                available_bytes=0, cpus={0}, environ={}, is_cpu=False) is None
