@@ -8,8 +8,7 @@ bfloat16 and as float32, one sample per prompt as the sink stores them. Two sets
 * ``long``: three prompts of 512, 1,024 and 2,048 tokens of real text
   (``bench.prompts.prompt_of_length``), closer to a training sample.
 
-Also: fp8's error per layer, and the block decoder's speed before and after
-issue 16's change, measured side by side in one process.
+Also: fp8's error per layer.
 
 * byteplane-zstd samples are the 1 MiB block records the connector cuts, back to
   back, as the sink would keep them; the other codecs encode the whole sample.
@@ -31,11 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -44,8 +38,8 @@ import zstandard
 
 from bench import codec as codec_bench
 from bench.stages import best
-from hsx.codecs.block import decode_block, encode_block, read_header
-from hsx.codecs.dataset import decode_sample, encode_sample, split_records
+from hsx.codecs.block import encode_block
+from hsx.codecs.dataset import decode_sample, encode_sample
 from hsx.codecs.fp8 import error_bound, from_fp8, to_fp8, widen
 from hsx.runtime.tensors import WIRE_DTYPES
 from hsx.schemas import DType
@@ -134,50 +128,6 @@ def fp8_errors(hidden: torch.Tensor, prefix: str) -> dict[str, object]:
     return out
 
 
-def block_records(hidden: torch.Tensor) -> list[bytes]:
-    """``hidden`` as the connector's 1 MiB block records."""
-    per_block = codec_bench.block_tokens(hidden)
-    dtype = WIRE_DTYPES[hidden.dtype]
-    blocks = [hidden[i : i + per_block].contiguous() for i in range(0, hidden.shape[0], per_block)]
-    return [encode_block(b.view(torch.uint8).numpy(), shape=tuple(b.shape), dtype=dtype, token_start=0)
-            for b in blocks]
-
-
-def decode_before_after(records: list[bytes], rounds: int = 9) -> dict[str, float]:
-    """The block decoder before issue 16 (a fresh buffer per plane, ``np.stack``)
-    vs :func:`decode_block`, interleaved rounds on the same records, thread CPU time
-    (less noise from neighbours than wall time)."""
-    from bench import _decode_before
-
-    assert all(_decode_before.decode_block(r) == decode_block(r)[1] for r in records)
-    total = sum(read_header(r)[0].raw_nbytes for r in records)
-    times: dict[str, list[float]] = {"before": [], "after": []}
-    for _ in range(rounds):
-        for name, fn in (("before", _decode_before.decode_block), ("after", decode_block)):
-            start = time.thread_time()
-            for r in records:
-                fn(r)
-            times[name].append(time.thread_time() - start)
-    ratios = sorted(b / a for b, a in zip(times["before"], times["after"]))
-    return {"before_mb_s": total / min(times["before"]) / 1e6, "after_mb_s": total / min(times["after"]) / 1e6,
-            "median_round_ratio": ratios[len(ratios) // 2]}
-
-
-def decode_before_after_mmap(records: list[bytes]) -> dict[str, float]:
-    """:func:`decode_before_after` in a child process whose glibc maps every buffer
-    of 128 KiB or more afresh (``MALLOC_MMAP_THRESHOLD_`` fixed at its default).
-    Why: the old decoder's speed depends on the allocator's state. glibc raises its
-    threshold as large blocks are freed, so the same code ran at 0.6 or 1.6 GB/s
-    depending on what the process had done before. This pins the slow state."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "records.bin"
-        path.write_bytes(b"".join(records))
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 << 10)}
-        done = subprocess.run([sys.executable, "-m", "bench.dataset_codecs", "--decode-only", str(path)], env=env,
-                              check=True, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
-    return json.loads(done.stdout)
-
-
 def long_samples() -> list[torch.Tensor]:
     """SmolLM2's float32 hidden states of three long prompts of real text."""
     from transformers import AutoTokenizer
@@ -231,12 +181,6 @@ def results(repeats: int = 3) -> dict[str, object]:
     demo = codec_bench.smollm2_samples()
     long = long_samples()
     out = {**set_figures("demo", demo, repeats), **set_figures("long", long, repeats)}
-    hidden_f32 = torch.cat(demo)
-    for name, torch_dtype in (("bf16", torch.bfloat16), ("f32", torch.float32)):
-        records = block_records(hidden_f32.to(torch_dtype))
-        for where, figures in (("", decode_before_after(records)), ("mmap_", decode_before_after_mmap(records))):
-            for key, value in figures.items():
-                out[f"dataset_{name}_block_decode_{where}{key}"] = round(value, 2 if "ratio" in key else 1)
     # The targets, on the long set (training-sized samples of real text).
     out["dataset_byteplane_zstd_vs_raw_bf16"] = out["dataset_long_bf16_byteplane-zstd_vs_raw_bf16"]
     out["dataset_fp8_zstd_vs_raw_bf16"] = out["dataset_long_bf16_fp8-zstd_vs_raw_bf16"]
@@ -262,11 +206,7 @@ def main() -> None:
     parser.add_argument("--merge", type=Path, help="add the figures to this results file (e.g. bench/results.json)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="one pass each (the figures are then noisier)")
-    parser.add_argument("--decode-only", type=Path, help=argparse.SUPPRESS)  # block records back to back
     args = parser.parse_args()
-    if args.decode_only:
-        print(json.dumps(decode_before_after([bytes(r) for r in split_records(args.decode_only.read_bytes())])))
-        return
     figures = results(repeats=1 if args.quick else args.repeats)
     text = json.dumps(figures, indent=2)
     if args.out:

@@ -129,17 +129,6 @@ def _dataset_codecs(r: dict[str, Any]) -> list[str]:
         f"every element within the documented bound: {g('dataset_long_bf16_fp8_within_bound')}.",
         f"- **fp8-zstd** is plain zstd of the codes: nibble planes compressed the codes "
         f"{_fmt(g('dataset_long_bf16_fp8_nibble-zstd-1_codes_ratio'))}×, no better.",
-        f"- **Block decode, before and after issue 16** (1 MiB bf16 records, interleaved rounds in one process, "
-        f"thread CPU time): {_fmt(g('dataset_bf16_block_decode_before_mb_s'))} → "
-        f"{_fmt(g('dataset_bf16_block_decode_after_mb_s'))} MB/s bf16 "
-        f"({_fmt(g('dataset_f32_block_decode_before_mb_s'))} → {_fmt(g('dataset_f32_block_decode_after_mb_s'))} "
-        f"float32); with glibc mapping every large buffer afresh (`MALLOC_MMAP_THRESHOLD_=131072`) "
-        f"{_fmt(g('dataset_bf16_block_decode_mmap_before_mb_s'))} → "
-        f"{_fmt(g('dataset_bf16_block_decode_mmap_after_mb_s'))} bf16 "
-        f"({_fmt(g('dataset_f32_block_decode_mmap_before_mb_s'))} → "
-        f"{_fmt(g('dataset_f32_block_decode_mmap_after_mb_s'))} float32). The old decoder faulted in fresh "
-        "pages for every plane, so its speed depended on the allocator's state; the 623 MB/s published before "
-        "matches the second state. The new one reuses per-thread buffers.",
     ]
     return lines
 

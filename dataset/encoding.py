@@ -15,19 +15,20 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from hsx.codecs.block import CorruptBlock, checksum, read_header
 from hsx.codecs.dataset import decode_sample, encode_fp8_sample, encode_sample
 from hsx.codecs.fp8 import from_fp8, narrow
 from hsx.dataset.sample import Sample
 from hsx.runtime.errors import HsxError
-from hsx.runtime.tensors import TORCH_DTYPES
 from hsx.schemas import Codec, HiddenStatesReady
 from hsx.schemas.dataset_codec import DatasetCodec
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: `hsx.open_dataset` imports without it
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,10 @@ def _records_fit(records: list[bytes]) -> bool:
 def stored_tensor(sample: Sample) -> torch.Tensor:
     """The tensor ``write_shard`` saves for ``sample``: ``[T, L, H]`` of its dtype
     when raw, else the encoded bytes as 1-D uint8. A view, not a copy."""
+    import torch
+
+    from hsx.runtime.tensors import TORCH_DTYPES
+
     m = sample.manifest
     if sample.codec is DatasetCodec.RAW:
         return _read_only_view(sample.hidden_states, TORCH_DTYPES[m.dtype]).view(
@@ -108,6 +113,10 @@ def read_hidden_states(shard: Any, event: HiddenStatesReady) -> torch.Tensor:
     shard (``safe_open``), whatever its codec: the stored tensor itself for raw
     (memory-mapped), else decoded (bit-exact for the lossless codecs, dequantized
     for fp8). Raises :class:`CorruptSample` when the stored bytes are damaged."""
+    import torch
+
+    from hsx.runtime.tensors import TORCH_DTYPES
+
     tensor = shard.get_tensor(event.tensors.hidden_states)
     if event.codec is DatasetCodec.RAW:
         return tensor
@@ -126,6 +135,8 @@ def read_hidden_states(shard: Any, event: HiddenStatesReady) -> torch.Tensor:
 def _read_only_view(data: bytes, dtype: torch.dtype) -> torch.Tensor:
     """A tensor over ``data`` without copying it. torch warns that the buffer is
     not writable; the view is only read (serialized), so that is fine."""
+    import torch
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return torch.frombuffer(data, dtype=dtype)

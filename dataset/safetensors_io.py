@@ -15,18 +15,32 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import orjson
-import torch
 from safetensors import safe_open
 
 from hsx.dataset.storage import Storage, Writer
 
-_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
-          torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-          torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
-_DTYPES = {name: dtype for dtype, name in _NAMES.items()}
+if TYPE_CHECKING:  # torch is imported where tensors are made: `hsx.open_dataset` imports without it
+    import torch
+
+
+@cache
+def _names() -> dict[torch.dtype, str]:
+    """safetensors' name of each torch dtype."""
+    import torch
+
+    return {torch.float64: "F64", torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
+            torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+            torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+
+
+@cache
+def _dtypes() -> dict[str, torch.dtype]:
+    return {name: dtype for dtype, name in _names().items()}
+
 _HEADER_GUESS = 256 << 10
 """The first read of a remote shard: the header of a shard of ~2,000 samples."""
 
@@ -41,7 +55,7 @@ def write_safetensors(out: Writer, tensors: dict[str, torch.Tensor], metadata: d
     for name in order:
         tensor = tensors[name]
         size = tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": _NAMES[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        header[name] = {"dtype": _names()[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
         offset += size
     encoded = orjson.dumps(header)
     encoded += b" " * (-len(encoded) % 8)  # padded as safetensors pads it: tensors stay 8-byte aligned
@@ -53,6 +67,8 @@ def write_safetensors(out: Writer, tensors: dict[str, torch.Tensor], metadata: d
 
 
 def _as_bytes(tensor: torch.Tensor) -> memoryview:
+    import torch
+
     flat = tensor.contiguous().reshape(-1)
     return memoryview(flat.view(torch.uint8).numpy()).cast("B") if flat.numel() else memoryview(b"")
 
@@ -97,7 +113,7 @@ class RemoteShard:
             header = orjson.loads(raw)
             self._metadata: dict[str, str] | None = header.pop("__metadata__", None)
             self._entries: dict[str, tuple[torch.dtype, list[int], int, int]] = {
-                name: (_DTYPES[e["dtype"]], e["shape"], *e["data_offsets"]) for name, e in header.items()}
+                name: (_dtypes()[e["dtype"]], e["shape"], *e["data_offsets"]) for name, e in header.items()}
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise CorruptShard(f"shard {relative}: not a safetensors header ({exc})") from exc
         self._base = 8 + length
@@ -120,6 +136,8 @@ class RemoteShard:
 
     def get_tensor(self, name: str) -> torch.Tensor:
         """The tensor, a copy of its own; prefetched bytes are used once."""
+        import torch
+
         data = self._fetched.pop(name, None)
         if data is None:
             data = self._storage.read_ranges(self._relative, [self._range(name)])[0]

@@ -23,10 +23,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from hsx.codecs.block import checksum
 from hsx.dataset.encoding import stored_tensor
@@ -36,6 +35,9 @@ from hsx.dataset.storage import Storage
 from hsx.schemas import HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
 from hsx.schemas.keys import KEY_RECORD, encode_keys, request_key, token_key
 from hsx.schemas.shard import ShardMetadata
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: `hsx.open_dataset` imports without it
+    import torch
 
 SHARDS = "shards"
 INDEX = "index"
@@ -104,6 +106,8 @@ class OpenShard:
 def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[HiddenStatesReady]:
     """Write the shard, then its key file, then its index (which makes it part of
     the dataset), each durably; return the ready events."""
+    import torch
+
     stem = shard.stem
     shard_path = f"{SHARDS}/{stem}.safetensors"
     tensors: dict[str, torch.Tensor] = {}

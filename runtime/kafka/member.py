@@ -25,9 +25,10 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from hsx.runtime.errors import ServiceFailed
 from hsx.runtime.health import HealthServer
-from hsx.runtime.kafka.commits import commit_watermarks, partition_lag, remaining_lag
+from hsx.runtime.kafka.commits import commit_watermarks, partition_lag
 from hsx.runtime.kafka.config import consumer_config
 from hsx.runtime.kafka.errors import ConsumerErrors, KafkaFatal
+from hsx.runtime.kafka.stall import StallWatch
 from hsx.runtime.kafka.watermarks import TopicPartitionKey, Watermarks
 from hsx.runtime.metrics import member_metrics
 from hsx.runtime.settings import KafkaSettings
@@ -58,11 +59,7 @@ class _Stateless:
     def assigned(self, partitions: list[TopicPartitionKey]) -> None:
         pass
 
-    def revoked(self, partitions: list[TopicPartitionKey]) -> None:
-        pass
-
-    def lost(self, partitions: list[TopicPartitionKey]) -> None:
-        pass
+    revoked = lost = assigned
 
 
 class GroupMember:
@@ -95,16 +92,16 @@ class GroupMember:
         self._overrides = consumer_overrides or {}
         self._commit_interval = commit_interval
         self._exit_when_idle = exit_when_idle
-        self._stall_timeout = stall_timeout
         self._metrics = member_metrics(service)
+        self.stall = StallWatch(stall_timeout, self._metrics.seconds_since_progress,
+                                lag_check_s=max(5.0, commit_interval))
+        """The stall clock behind /healthz (see :class:`StallWatch`)."""
         self._errors = ConsumerErrors(service)
         self._consumer: Consumer | None = None
         self._cooperative = True
         self._assigned: set[TopicPartitionKey] = set()
         self._commit: Commit = self._commit_watermarks
-        self._last_commit = self._last_activity = self._last_progress = self._lag_checked = time.monotonic()
-        self._lag = 0
-        self._pending = False
+        self._last_commit = self._last_activity = time.monotonic()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -127,7 +124,7 @@ class GroupMember:
                 reason = self._not_ready()
             return (False, reason) if reason else (True, f"ready: {status()}")
 
-        self.health = HealthServer(port, readiness, self._liveness).start()
+        self.health = HealthServer(port, readiness, self.stall.liveness).start()
 
     def subscribe(self, commit: Commit | None = None) -> None:
         """Create the consumer and join the group. ``commit`` replaces the plain
@@ -200,13 +197,13 @@ class GroupMember:
             records.append(message)
         if records:
             self.touch()
-            self._last_progress = time.monotonic()
+            self.stall.progress()
         return records
 
     def done(self, tp: TopicPartitionKey, offset: int) -> None:
         """Everything the record at ``offset`` caused is durable: it may be committed."""
         self.marks.done(tp, offset)
-        self._last_progress = time.monotonic()
+        self.stall.progress()
 
     def touch(self) -> None:
         """Something happened: the idle clock starts again."""
@@ -221,7 +218,7 @@ class GroupMember:
             for (topic, partition), lag in partition_lag(self.consumer).items():
                 self._metrics.lag.labels(topic, str(partition)).set(lag)
             self._last_commit = now
-        self._watch_progress(now)
+        self.stall.update(now, self.marks.in_flight(), self.consumer, self._assigned)
         idle = self._exit_when_idle
         if busy:
             self._last_activity = now
@@ -242,33 +239,6 @@ class GroupMember:
 
     def _commit_watermarks(self, only: set[TopicPartitionKey] | None) -> None:
         commit_watermarks(self.consumer, self.marks, only)
-
-    def _watch_progress(self, now: float) -> None:
-        """Whether work is pending: records fetched and not done, or (asked of the
-        broker every few seconds while nothing is in flight, so a member that
-        stopped fetching is seen too) records not yet fetched on assigned partitions.
-        While nothing is pending the stall clock does not run."""
-        in_flight = self.marks.in_flight()
-        if in_flight == 0 and now - self._lag_checked >= max(5.0, self._commit_interval):
-            self._lag_checked = now
-            lag = remaining_lag(self.consumer, sorted(self._assigned)) if self._assigned else 0
-            if lag is not None:
-                self._lag = lag
-        self._pending = in_flight > 0 or (self._lag > 0 and bool(self._assigned))
-        if not self._pending:
-            self._last_progress = now
-        self._metrics.seconds_since_progress.set(now - self._last_progress)
-
-    def _liveness(self) -> tuple[bool, str]:
-        """/healthz: failing once work has been pending for ``stall_timeout``
-        seconds without progress (a record fetched or finished), so the
-        orchestrator restarts a stuck service. Reads only plain fields: the
-        health thread must not wait behind the loop."""
-        quiet = time.monotonic() - self._last_progress
-        if self._pending and quiet > self._stall_timeout:
-            return False, (f"stalled: work pending and no record fetched or finished for {quiet:.0f}s "
-                           f"(--stall-timeout {self._stall_timeout:.0f})")
-        return True, "ok"
 
     def _not_ready(self) -> str | None:
         if self._consumer is None:

@@ -186,11 +186,11 @@ def test_liveness_fails_when_work_is_pending_without_progress(kafka: KafkaSettin
         while not member.assignment and time.monotonic() < deadline:
             assert member.poll(10, timeout=0.2) == []
         stalled_by = time.monotonic() + 30
-        while member._liveness()[0]:
+        while member.stall.liveness()[0]:
             assert time.monotonic() < stalled_by, "never failed its liveness with 5 records pending"
             assert member.poll(10, timeout=0.2) == []
             member.tick()
-        live, reason = member._liveness()
+        live, reason = member.stall.liveness()
         assert not live and "stalled" in reason and "--stall-timeout 2" in reason
 
         member.pause(False)
@@ -198,6 +198,6 @@ def test_liveness_fails_when_work_is_pending_without_progress(kafka: KafkaSettin
         while len(fetched) < 5 and time.monotonic() < stalled_by + 30:
             fetched += member.poll(10, timeout=0.2)
             member.tick()
-        assert len(fetched) == 5 and member._liveness() == (True, "ok")
+        assert len(fetched) == 5 and member.stall.liveness() == (True, "ok")
     finally:
         member.close()

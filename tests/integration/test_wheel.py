@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from hsx.dataset.storage import open_storage
+from hsx.local.datasets import write_tiny_dataset
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,9 +84,11 @@ def test_wheel_holds_only_hsx_and_installs_without_torch(tmp_path: Path) -> None
     no_torch = _run([python, "-c", "import torch"], work, timeout=120)
     assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr
 
-    # The torch-free part of the API and what depends on it: the contracts (with the
-    # JSON Schemas shipped as package data) and the producer. The dataset readers
-    # (hsx.open_dataset, the trainer's loaders) return torch tensors, so they need torch.
+    # The contracts (with the JSON Schemas shipped as package data), the producer and
+    # the dataset's index (written here, where torch is) come without torch; reading a
+    # sample's tensors needs it.
+    dataset = tmp_path / "dataset"
+    write_tiny_dataset(open_storage(str(dataset), create=True), "blocks", 0, ["a", "b"])
     code = (
         "import sys\n"
         "from importlib import resources\n"
@@ -93,6 +98,8 @@ def test_wheel_holds_only_hsx_and_installs_without_torch(tmp_path: Path) -> None
         "assert (resources.files('hsx.schemas') / 'json' / 'prompt_event.schema.json').is_file()\n"
         "assert (resources.files('hsx') / 'data' / 'demo_prompts.jsonl').is_file()\n"
         f"assert hsx.__file__.startswith({str(venv)!r}), hsx.__file__\n"
+        f"ds = hsx.open_dataset({str(dataset)!r})\n"
+        "assert len(ds) == 2 and sorted(ds.request_ids()) == ['a', 'b'], ds.request_ids()\n"
         "assert 'torch' not in sys.modules and 'vllm' not in sys.modules\n"
     )
     used = _run([python, "-c", code], work, timeout=120)
