@@ -12,16 +12,14 @@ import contextlib
 import importlib.util
 import logging
 import os
-import signal
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 
 from confluent_kafka.admin import AdminClient
 
+from hsx.local.server_process import ServerProcess
 from hsx.runtime.errors import UsageError
 from hsx.runtime.kafka.errors import KafkaUnavailable
 
@@ -89,12 +87,14 @@ def wait_for_broker(bootstrap: str, timeout: float = 30.0) -> None:
             time.sleep(0.1)
 
 
-class EmbeddedBroker:
+class EmbeddedBroker(ServerProcess):
     """One tansu broker process on ``127.0.0.1:port`` with in-memory storage.
 
     Use as a context manager; the process is stopped (SIGTERM, then SIGKILL) on
     exit. Storage is in memory: a restart loses every topic.
     """
+
+    what = "broker"
 
     def __init__(self, port: int | None = None, host: str = "127.0.0.1", advertised_port: int | None = None) -> None:
         """``advertised_port``: the port clients are told to connect to, when
@@ -102,63 +102,26 @@ class EmbeddedBroker:
         self.host = host
         self.port = port or free_port(host)
         self.advertised_port = advertised_port or self.port
-        self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
-    @property
-    def pid(self) -> int:
-        if self._proc is None:
-            raise RuntimeError("broker not started")
-        return self._proc.pid
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
     def start(self, timeout: float = 30.0) -> EmbeddedBroker:
-        cmd = [
+        log.info("starting embedded broker on %s", self.bootstrap)
+        self._launch([
             str(tansu_binary()),
             "broker",
             "--listener-url", f"tcp://{self.bootstrap}",
             "--advertised-listener-url", f"tcp://{self.host}:{self.advertised_port}",
             "--storage-engine", "memory://tansu/",
-        ]
-        log.info("starting embedded broker on %s", self.bootstrap)
-        self._proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            # Own process group: a Ctrl-C in the terminal reaches us, and we stop it in order.
-            start_new_session=True,
-        )
+        ])
         try:
             wait_for_broker(self.bootstrap, timeout)
         except BaseException:
             self.stop()
             raise
         return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGCONT)  # a test may have left it stopped
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def __enter__(self) -> EmbeddedBroker:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 def _docker_answers() -> bool:

@@ -20,16 +20,15 @@ import secrets
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import sysconfig
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 
 from hsx.local.s3service import ENDPOINT_ENV, S3Service, error_of, external_s3
+from hsx.local.server_process import ServerProcess
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +93,7 @@ def free_weed_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     raise OSError(f"found no {count} free port pairs (P, P+{_GRPC_OFFSET}) on {host} in {candidates}")
 
 
-class LocalS3(S3Service):
+class LocalS3(S3Service, ServerProcess):
     """One SeaweedFS server (``weed server -s3``) on free loopback ports.
 
     Use as a context manager; the process is stopped (SIGTERM, then SIGKILL) on
@@ -108,6 +107,7 @@ class LocalS3(S3Service):
     """
 
     can_pause = True
+    what = "S3 server"
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, host: str = "127.0.0.1") -> None:
         self.host = host
@@ -121,17 +121,6 @@ class LocalS3(S3Service):
         self._run_dir = Path(tempfile.mkdtemp(prefix="hsx-s3-"))
         self.data_dir = self._run_dir / "data" if data_dir is None else Path(data_dir)
         self.log_path = self._run_dir / "weed.log"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int:
-        if self._proc is None:
-            raise RuntimeError("S3 server not started")
-        return self._proc.pid
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     @property
     def filer_url(self) -> str:
@@ -171,8 +160,6 @@ class LocalS3(S3Service):
 
     def start(self, timeout: float = 60.0) -> LocalS3:
         """Start the server and wait until a signed ListBuckets is answered."""
-        if self._proc is not None:
-            raise RuntimeError("S3 server already started")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self._run_dir / "s3.json"
         config.write_text(json.dumps({"identities": [{
@@ -183,11 +170,7 @@ class LocalS3(S3Service):
         config.chmod(0o600)
         log.info("starting the local S3 server on %s (data in %s, log %s)", self.endpoint, self.data_dir, self.log_path)
         with open(self.log_path, "ab") as log_file:
-            self._proc = subprocess.Popen(
-                self._command(config), stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                # Own process group: a Ctrl-C in the terminal reaches us, and we stop it in order.
-                start_new_session=True,
-            )
+            self._launch(self._command(config), log_file)
         atexit.register(self.stop)
         try:
             self._wait_ready(timeout)
@@ -248,17 +231,7 @@ class LocalS3(S3Service):
         before the stop are there when a server starts on ``data_dir`` again.
         """
         atexit.unregister(self.stop)
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGCONT)  # a test may have left it paused
-            proc.terminate()
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                log.debug("the S3 server still runs %.0fs after SIGTERM; killing it", grace)
-                proc.kill()
-                proc.wait()
+        super().stop(grace)
         # weed leaves its gRPC unix sockets in /tmp, named by port.
         for port in (self.s3_port, self.master_port, self.volume_port, self.filer_port):
             for sock in Path("/tmp").glob(f"seaweedfs-*-grpc-{port + _GRPC_OFFSET}.sock"):
@@ -266,14 +239,6 @@ class LocalS3(S3Service):
                     sock.unlink()
         # Keys, log, sockets, and the data when it is ours (else it is elsewhere and kept).
         shutil.rmtree(self._run_dir, ignore_errors=True)
-
-    def __enter__(self) -> LocalS3:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 @contextlib.contextmanager
