@@ -1,7 +1,7 @@
-"""Worker side of the connector, after the gather: cut a request's hidden states
-into blocks of whole tokens, compress them on a thread pool, produce block records
-in order and then the manifest, and declare the request finished only when Kafka
-acknowledged every record.
+"""Worker side of the connector, after the gather: compress a request's blocks
+(:mod:`hsx.extractor.connector.records`) on a thread pool, produce the block
+records in order and then the manifest, and declare the request finished only when
+Kafka acknowledged every record.
 
 Threads:
 
@@ -33,17 +33,13 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import torch
-
-from hsx.codecs.block import encode_block, read_header
-from hsx.codecs.fp8_blocks import encode_fp8_block
 from hsx.extractor.completion import CompletionSender
 from hsx.extractor.connector.gather import Gathered
-from hsx.extractor.connector.metadata import SendJob, answer_fields
+from hsx.extractor.connector.metadata import SendJob
+from hsx.extractor.connector.records import block_ranges, encode_rows, manifest_record, raw_bytes
 from hsx.runtime.kafka import DeliveryFailed, RecordProducer
 from hsx.runtime.settings import KafkaSettings
-from hsx.runtime.tensors import WIRE_DTYPES
-from hsx.schemas import BlockRecordHeaders, BlockRef, Manifest, RecordKind
+from hsx.schemas import BlockRecordHeaders, RecordKind
 from hsx.schemas.connector import CompletionReport, ConnectorConfig, RequestParams
 
 log = logging.getLogger(__name__)
@@ -118,16 +114,8 @@ class BlockSender:
         """Start sending one request's hidden states."""
         # Lax: the params crossed msgpack, where tuples become lists.
         params = RequestParams.model_validate(job.params, strict=False)
-        tokens, layers, hidden = gathered.tensor.shape
-        # Blocks are cut by the bytes they carry (fp8: a code per element and a
-        # float32 scale per layer); raw_bytes, the budget's and the statistics'
-        # measure, counts the hidden states in the model's dtype either way.
-        sent_row_bytes = layers * hidden * gathered.tensor.element_size() + (
-            0 if gathered.scales is None else layers * gathered.scales.element_size())
-        per_block = max(1, self._config.block_bytes // sent_row_bytes)
-        ranges = [(start, min(start + per_block, tokens)) for start in range(0, tokens, per_block)]
-        raw_bytes = tokens * layers * hidden * gathered.source_dtype.itemsize
-        transfer = _Transfer(job, params, gathered, ranges, raw_bytes=raw_bytes)
+        ranges = block_ranges(gathered, self._config.block_bytes)
+        transfer = _Transfer(job, params, gathered, ranges, raw_bytes=raw_bytes(gathered))
         transfer.encoded = [None] * len(ranges)
         transfer.encoding = len(ranges)
         with self._lock:
@@ -164,19 +152,7 @@ class BlockSender:
 
     def _encode(self, transfer: _Transfer, index: int) -> bytes:
         start, end = transfer.ranges[index]
-        gathered = transfer.gathered
-        rows = gathered.wait()[start:end]
-        shape: tuple[int, int, int] = tuple(rows.shape)  # type: ignore[assignment]
-        dtype, token_start = WIRE_DTYPES[gathered.source_dtype], transfer.job.first_row + start
-        if gathered.scales is None:
-            return encode_block(rows.view(torch.uint8).numpy(), shape=shape, dtype=dtype, token_start=token_start,
-                                codec=self._config.codec, level=self._config.codec_level)
-        scales = gathered.scales[start:end]
-        if not bool(torch.isfinite(scales).all()):  # a row's amax was inf or NaN
-            raise ValueError("fp8 cannot hold non-finite hidden states (E4M3FN has no infinities); "
-                             "extract this model with --wire-dtype model")
-        return encode_fp8_block(rows.numpy(), scales.numpy(), shape=shape, dtype=dtype, token_start=token_start,
-                                codec=self._config.codec, level=self._config.codec_level)
+        return encode_rows(transfer.gathered, start, end, transfer.job.first_row + start, self._config)
 
     def _encoded(self, transfer: _Transfer, index: int, future: Future[bytes]) -> None:
         with transfer.lock:
@@ -213,47 +189,14 @@ class BlockSender:
             transfer.next_to_produce += 1
         if not transfer.manifest_sent:
             if transfer.manifest is None:
-                transfer.manifest = self._manifest(transfer)
+                blocks = [value for value in transfer.encoded if value is not None]
+                transfer.manifest = manifest_record(transfer.job, transfer.params, transfer.gathered, blocks,
+                                                    self._config, self._layer_ids)
             headers = BlockRecordHeaders(kind=RecordKind.MANIFEST, attempt_id=transfer.params.attempt_id)
             if not self._produce(transfer, transfer.manifest, headers):
                 return
             transfer.manifest_sent = True
             transfer.encoded, transfer.manifest = [], None  # the bytes now live in the producer's queue
-
-    def _manifest(self, transfer: _Transfer) -> bytes:
-        params = transfer.params
-        tensor = transfer.gathered.tensor
-        blocks = []
-        for index, value in enumerate(transfer.encoded):
-            assert value is not None
-            header, _ = read_header(value)
-            blocks.append(
-                BlockRef(
-                    index=index,
-                    token_start=header.token_start,
-                    token_end=header.token_end,
-                    checksum=header.checksum,
-                    compressed_nbytes=len(value),
-                )
-            )
-        manifest = Manifest(
-            request_id=params.request_id,
-            attempt_id=params.attempt_id,
-            model=self._config.model,
-            layer_ids=self._layer_ids,
-            dtype=WIRE_DTYPES[transfer.gathered.source_dtype],
-            hidden_size=tensor.shape[2],
-            num_tokens=len(transfer.job.token_ids),
-            token_ids=transfer.job.token_ids,
-            **answer_fields(transfer.job, params),
-            codec=self._config.codec,
-            quantization="fp8" if transfer.gathered.scales is not None else None,
-            blocks=blocks,
-            metadata=params.metadata,
-            source=params.source,
-        )
-        # Unquantized manifests leave the field out, as before it existed (older sinks forbid unknown fields).
-        return manifest.model_dump_json(exclude=None if manifest.quantization else {"quantization"}).encode()
 
     def _produce(self, transfer: _Transfer, value: bytes, headers: BlockRecordHeaders) -> bool:
         """Queue one record of ``transfer``; ``False`` (nothing queued, the

@@ -1,0 +1,81 @@
+"""What the connector sends for one request attempt: its hidden states cut into
+block records of whole tokens, and the manifest that lists them (wire contracts:
+:mod:`hsx.schemas.blocks`, :class:`hsx.schemas.Manifest`). Pure functions: the
+:class:`~hsx.extractor.connector.sender.BlockSender` decides when and in what order."""
+
+from __future__ import annotations
+
+import torch
+
+from hsx.codecs.block import encode_block, read_header
+from hsx.codecs.fp8_blocks import encode_fp8_block
+from hsx.extractor.connector.gather import Gathered
+from hsx.extractor.connector.metadata import SendJob, answer_fields
+from hsx.runtime.tensors import WIRE_DTYPES
+from hsx.schemas import BlockRef, Manifest
+from hsx.schemas.connector import ConnectorConfig, RequestParams
+
+
+def block_ranges(gathered: Gathered, block_bytes: int) -> list[tuple[int, int]]:
+    """Token ranges ``[start, end)`` of the blocks: as many whole tokens as fit
+    ``block_bytes`` of what is sent (fp8: a code per element and a float32 scale
+    per layer), at least one."""
+    tokens, layers, hidden = gathered.tensor.shape
+    row_bytes = layers * hidden * gathered.tensor.element_size() + (
+        0 if gathered.scales is None else layers * gathered.scales.element_size())
+    per_block = max(1, block_bytes // row_bytes)
+    return [(start, min(start + per_block, tokens)) for start in range(0, tokens, per_block)]
+
+
+def raw_bytes(gathered: Gathered) -> int:
+    """The hidden states' size in the model's dtype, however they are sent: the
+    in-flight budget's and the statistics' measure."""
+    tokens, layers, hidden = gathered.tensor.shape
+    return tokens * layers * hidden * gathered.source_dtype.itemsize
+
+
+def encode_rows(gathered: Gathered, start: int, end: int, token_start: int, config: ConnectorConfig) -> bytes:
+    """Block record of rows ``[start, end)``, compressed with ``config``'s codec;
+    waits for the device-to-host copy. Raises ``ValueError`` for fp8 rows whose
+    scale is not finite."""
+    rows = gathered.wait()[start:end]
+    shape: tuple[int, int, int] = tuple(rows.shape)  # type: ignore[assignment]
+    dtype = WIRE_DTYPES[gathered.source_dtype]
+    if gathered.scales is None:
+        return encode_block(rows.view(torch.uint8).numpy(), shape=shape, dtype=dtype, token_start=token_start,
+                            codec=config.codec, level=config.codec_level)
+    scales = gathered.scales[start:end]
+    if not bool(torch.isfinite(scales).all()):  # a row's amax was inf or NaN
+        raise ValueError("fp8 cannot hold non-finite hidden states (E4M3FN has no infinities); "
+                         "extract this model with --wire-dtype model")
+    return encode_fp8_block(rows.numpy(), scales.numpy(), shape=shape, dtype=dtype, token_start=token_start,
+                            codec=config.codec, level=config.codec_level)
+
+
+def manifest_record(job: SendJob, params: RequestParams, gathered: Gathered, blocks: list[bytes],
+                    config: ConnectorConfig, layer_ids: list[int]) -> bytes:
+    """The manifest of an attempt whose block records are ``blocks``, in order.
+    Raises ``ValueError`` when it fails its own checks."""
+    refs = []
+    for index, value in enumerate(blocks):
+        header, _ = read_header(value)
+        refs.append(BlockRef(index=index, token_start=header.token_start, token_end=header.token_end,
+                             checksum=header.checksum, compressed_nbytes=len(value)))
+    manifest = Manifest(
+        request_id=params.request_id,
+        attempt_id=params.attempt_id,
+        model=config.model,
+        layer_ids=layer_ids,
+        dtype=WIRE_DTYPES[gathered.source_dtype],
+        hidden_size=gathered.tensor.shape[2],
+        num_tokens=len(job.token_ids),
+        token_ids=job.token_ids,
+        **answer_fields(job, params),
+        codec=config.codec,
+        quantization="fp8" if gathered.scales is not None else None,
+        blocks=refs,
+        metadata=params.metadata,
+        source=params.source,
+    )
+    # Unquantized manifests leave the field out, as before it existed (older sinks forbid unknown fields).
+    return manifest.model_dump_json(exclude=None if manifest.quantization else {"quantization"}).encode()
