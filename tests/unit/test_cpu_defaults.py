@@ -14,7 +14,8 @@ import pytest
 
 from hsx.extractor import cpu_defaults
 from hsx.extractor.cpu_defaults import (BIND_ENV, GiB, KV_ENV, CpuDefaults, cpu_engine_defaults, cpu_list,
-                                    kv_bytes_per_token, start_failure_reason, weight_bytes)
+                                    start_failure_reason)
+from hsx.extractor.model_config import kv_bytes_per_token, weight_bytes
 from hsx.runtime.errors import UsageError
 
 # The two bundled models' text configs (hsx/models), as far as the sizing reads them.
