@@ -30,7 +30,7 @@ import psutil
 from tqdm import tqdm
 
 from hsx.dataset.reader import Dataset
-from hsx.dataset.storage import is_object_store, open_storage
+from hsx.dataset.storage import dataset_name, is_object_store, open_storage
 from hsx.extractor.cli import add_model_arguments, as_argv, model_and_layers
 from hsx.ledger import Ledger, LedgerFeed
 from hsx.local.broker import EmbeddedBroker
@@ -48,7 +48,6 @@ from hsx.runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettin
 from hsx.schemas import Topics
 from hsx.schemas.connector import WireDType
 from hsx.schemas.dataset_codec import DatasetCodec
-from hsx.sink.service import dataset_name
 from hsx.summary import RunReport, render
 
 LOST_AFTER_SECONDS = 120.0

@@ -12,11 +12,12 @@ refuses to run on a topic whose count differs.
 
 from __future__ import annotations
 
+from confluent_kafka import Producer
 from pydantic import ValidationError
 
 from hsx.dataset.shards import TOPICS, safe_name
 from hsx.dataset.storage import Storage
-from hsx.runtime.errors import HsxError
+from hsx.runtime.errors import HsxError, ServiceFailed
 from hsx.schemas.shard import TopicRecord
 
 
@@ -26,6 +27,15 @@ class PartitionCountChanged(HsxError):
 
 def record_path(topic: str) -> str:
     return f"{TOPICS}/{safe_name(topic)}.json"
+
+
+def check_topic(producer: Producer, storage: Storage, topic: str, where: str) -> int:
+    """:func:`check_partition_count` for ``topic`` as the broker's metadata has it
+    (``topic`` exists). Returns the recorded count."""
+    partitions = len(producer.list_topics(topic, timeout=30).topics[topic].partitions)
+    if not partitions:  # the topic exists: metadata without partitions is the broker's fault
+        raise ServiceFailed(f"the broker's metadata lists no partitions of {topic}; retry once it does")
+    return check_partition_count(storage, topic, partitions, where)
 
 
 def check_partition_count(storage: Storage, topic: str, partitions: int, where: str) -> int:

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
-from confluent_kafka import Message, Producer
+from confluent_kafka import Message
 
 from hsx.dataset.encoding import encode
 from hsx.dataset.sample import Sample
-from hsx.dataset.shards import OpenShard, write_shard
-from hsx.dataset.storage import Storage, StorageRefused, is_object_store, open_storage
-from hsx.runtime.errors import InvalidInput, ServiceFailed
-from hsx.runtime.kafka import DeliveryFailed, RecordProducer, ensure_topics
+from hsx.dataset.shards import OpenShard
+from hsx.dataset.storage import Storage, StorageRefused, dataset_name, open_storage
+from hsx.runtime.errors import InvalidInput
+from hsx.runtime.kafka import RecordProducer, ensure_topics
 from hsx.runtime.kafka.config import MAX_MESSAGE_BYTES
 from hsx.runtime.kafka.dead_letters import DeadLetters
 from hsx.runtime.kafka.member import GroupMember
@@ -33,8 +32,9 @@ from hsx.sink.assembler import Record, RejectedRecords
 from hsx.sink.memory import release_large_buffers_to_the_os
 from hsx.sink.options import SinkOptions
 from hsx.sink.partition import PartitionState
-from hsx.sink.partition_count import check_partition_count, refusal
+from hsx.sink.partition_count import check_topic, refusal
 from hsx.sink.ready import ReadyPublisher
+from hsx.sink.shard_writer import ShardWriter
 from hsx.sink.stats import SinkStats
 
 log = logging.getLogger(__name__)
@@ -75,18 +75,21 @@ class Sink:
         self.member.handle_signals(self.stop)
         ensure_topics(self.kafka, self.topic_settings, [self.topics.blocks, self.topics.blocks_dlq, self.topics.ready])
         producer = RecordProducer.connect(self.kafka, "sink", on_refused=self.member.fail)
-        self._check_partition_count(producer.client)
+        # Before joining the group: a blocks topic whose partition count is not the dataset's is refused.
+        self._recorded_partitions = check_topic(producer.client, self.storage, self.topics.blocks, self.options.output)
         self.member.serve_health(self.options.health_port, lambda: None, lambda: f"{len(self._partitions)} partitions")
         self._dead_letters = DeadLetters(producer, "sink")
-        self._ready = ReadyPublisher(self.kafka, producer, self.topics.ready, self.member.marks,
-                                     self.options.group_id if self.options.exactly_once else None)
-        self.member.subscribe(commit=self._ready.commit)
-        self._ready.bind(self.member.consumer)
+        ready = ReadyPublisher(self.kafka, producer, self.topics.ready, self.member.marks,
+                               self.options.group_id if self.options.exactly_once else None)
+        self._shards = ShardWriter(self.storage, self.dataset, ready, self.stats, self.member.fail, self._done)
+        self.member.subscribe(commit=ready.commit)
+        ready.bind(self.member.consumer)
         try:
             self._loop()
             if self.member.fatal is None:  # after a failure, a restart redoes the rest
-                self._flush_all()
-                self._republish_duplicates()
+                for state in self._partitions.values():
+                    self._shards.close(state)
+                self._shards.republish(self._partitions.values())
             self.member.commit()
         finally:
             self.member.close()
@@ -110,16 +113,6 @@ class Sink:
 
     # -- partitions come and go (PartitionHandler) ---------------------------------------------
 
-    def _check_partition_count(self, producer: Producer) -> None:
-        """Refuse (before joining the group) a blocks topic whose partition count
-        is not the dataset's; record it in a new dataset (see
-        :mod:`hsx.sink.partition_count`)."""
-        topic = self.topics.blocks
-        partitions = len(producer.list_topics(topic, timeout=30).topics[topic].partitions)
-        if not partitions:  # ensure_topics saw it: metadata without partitions is the broker's fault
-            raise ServiceFailed(f"the broker's metadata lists no partitions of {topic}; retry once it does")
-        self._recorded_partitions = check_partition_count(self.storage, topic, partitions, self.options.output)
-
     def assigned(self, partitions: list[TopicPartitionKey]) -> None:
         grown = [p for _, p in partitions if p >= self._recorded_partitions]
         if grown:  # partitions added while we run: stop (a restart refuses before joining)
@@ -142,8 +135,8 @@ class Sink:
         """Make what we hold durable before the member commits and the partitions move on."""
         for key in partitions:
             if key in self._partitions:
-                self._close_shard(self._partitions[key])
-        self._republish_duplicates()
+                self._shards.close(self._partitions[key])
+        self._shards.republish(self._partitions.values())
         self.lost(partitions)
 
     def lost(self, partitions: list[TopicPartitionKey]) -> None:
@@ -180,12 +173,12 @@ class Sink:
     def _append(self, state: PartitionState, sample: Sample) -> None:
         sample = encode(sample, self.options.dataset_codec)  # on arrival: the open shard holds only what it stores
         if not state.shard.accepts(sample):
-            self._close_shard(state)
+            self._shards.close(state)
         state.shard.add(sample)
         shard = state.shard
         full = shard.nbytes >= self.options.max_shard_bytes or len(shard.samples) >= self.options.max_shard_samples
         if full and state.may_write():
-            self._close_shard(state)
+            self._shards.close(state)
 
     def _drop_duplicate(self, state: PartitionState, sample: Sample, event: HiddenStatesReady | None) -> None:
         request_id = sample.manifest.request_id
@@ -212,58 +205,18 @@ class Sink:
 
     # -- shards --------------------------------------------------------------------------------
 
-    def _close_shard(self, state: PartitionState) -> None:
-        """Write the open shard, its index and its ready events. On a storage error
-        keep everything (nothing is committed) and retry later with backoff."""
-        shard = state.shard
-        if not shard.samples:
-            return
-        try:
-            events = write_shard(self.storage, self.dataset, shard)
-        except StorageRefused as exc:  # keys revoked, bucket gone: retrying cannot help
-            self.member.fail(exc)
-            return
-        except OSError as exc:
-            log.error("cannot write shard %s (retrying in %.1fs): %s", shard.stem, state.write_failed(), exc)
-            return
-        self._publish(state, events, [o for sample in shard.samples for o in sample.offsets])
-        self.stats.shard_written(shard.samples)
-        state.written()
-        log.info("wrote %s (%d samples)", shard.stem, len(events))
-
-    def _publish(self, state: PartitionState, events: list[HiddenStatesReady], offsets: list[int]) -> None:
-        """Announce stored samples; their records are done once Kafka has every
-        event. Undelivered events are fatal: the sink stops and commits nothing
-        more; its restart finds the samples stored and announces them again."""
-        try:
-            self._ready.publish(events, lambda: self._done(state, offsets))
-        except DeliveryFailed as exc:
-            self.member.fail(exc)
-            return
-        self.stats.add("ready_events", len(events))
-
-    def _republish_duplicates(self) -> None:
-        for state in self._partitions.values():
-            if state.republish:
-                pending, state.republish = state.republish, []
-                self._publish(state, [e for e, _ in pending], [o for _, offsets in pending for o in offsets])
-
-    def _flush_all(self) -> None:
-        for state in self._partitions.values():
-            self._close_shard(state)
-
     def _housekeeping(self) -> None:
         now = time.monotonic()
-        self._republish_duplicates()
+        self._shards.republish(self._partitions.values())
         for state in self._partitions.values():
             for rejected in state.assembler.expire(now):
                 self._reject(state, rejected)
             if state.shard.samples and self._due(state.shard, now) and state.may_write(now):
-                self._close_shard(state)
+                self._shards.close(state)
         if self._buffered() > self.options.max_buffer_bytes:
             for state in self._partitions.values():
                 if state.may_write(now):
-                    self._close_shard(state)
+                    self._shards.close(state)
         over = self._buffered() > self.options.max_buffer_bytes
         # Pausing frees memory only by letting shards be written. When incomplete
         # samples alone hold the excess (a sample larger than the budget, or a
@@ -284,10 +237,3 @@ class Sink:
     def _buffered(self) -> int:
         return sum(s.buffered_bytes for s in self._partitions.values())
 
-
-def dataset_name(output: str) -> str:
-    """The default dataset name: the output's last path part (a directory's
-    resolved name, an object-store URL's last prefix part or its bucket)."""
-    if is_object_store(output):
-        return output.rstrip("/").rsplit("/", 1)[-1]
-    return Path(output).resolve().name

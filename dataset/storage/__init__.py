@@ -16,7 +16,7 @@ from hsx.dataset.storage.base import (
 from hsx.dataset.storage.local import LocalStorage
 
 __all__ = ["LocalStorage", "Storage", "StorageRefused", "StorageUnavailable", "UnsafePath", "UnsupportedLocation",
-           "Writer", "is_object_store", "open_storage"]
+           "Writer", "dataset_name", "is_object_store", "open_storage"]
 
 
 def is_object_store(location: str | Path) -> bool:
@@ -44,3 +44,11 @@ def open_storage(location: str | Path, *, create: bool = False, part_bytes: int 
     if not create and not root.is_dir():
         raise FileNotFoundError(f"no dataset at {root}")
     return LocalStorage(root)
+
+
+def dataset_name(output: str) -> str:
+    """The default dataset name: the output's last path part (a directory's
+    resolved name, an object-store URL's last prefix part or its bucket)."""
+    if is_object_store(output):
+        return output.rstrip("/").rsplit("/", 1)[-1]
+    return Path(output).resolve().name
