@@ -42,8 +42,12 @@ from hsx.schemas import SourceRef
 from hsx.schemas.connector import ConnectorConfig, RequestParams, request_bytes_bound
 
 MODEL = "smollm2-135m-instruct"
+VLLM_PROCESSES = {"distributed_executor_backend": "mp"}
+"""The plain engines are vLLM's own (on CPU: a Worker process beside the engine core),
+so the hsx engine compared with them keeps that layout too, not hsx's CPU default of
+the worker inside the engine core (``extractor/cpu_defaults.py``)."""
 # Identical prompts would be served from the prefix cache on the second round.
-NO_PREFIX_CACHE = {"enable_prefix_caching": False}
+NO_PREFIX_CACHE = {"enable_prefix_caching": False, **VLLM_PROCESSES}
 LONG = [256, 384, 512, 768, 1024, 1536]
 LENGTHS = [256, 512, 1024, 2048, 4096]
 

@@ -44,7 +44,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.extraction import omp_threads
+from bench.extraction import VLLM_PROCESSES, omp_threads
 from bench import section
 from bench.prompts import demo_token_ids
 from hsx.extractor.completion import CompletionReceiver
@@ -175,7 +175,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
     if profile_root is not None:
         os.environ["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"  # the model runner's phases in the traces
     options = EngineOptions(model=str(path), layer_ids=layers, dtype="float32", max_model_len=2048,
-                            enforce_eager=True, engine_args={"profiler_config": profiler_config(profile_root, "one_pass")})
+                            enforce_eager=True,
+                            engine_args={"profiler_config": profiler_config(profile_root, "one_pass"), **VLLM_PROCESSES})
     seconds: dict[str, list[float]] = {s: [] for s in SIDES}
     captured: list[int] = []
     with dev_bootstrap() as bootstrap, tempfile.TemporaryDirectory() as tmp:
