@@ -34,6 +34,7 @@ from hsx.dataset.safetensors_io import RemoteShard, open_shard, prefetch
 from hsx.dataset.shards import read_indexes
 from hsx.dataset.storage import Storage, open_storage
 from hsx.runtime.kafka import ConsumerErrors, consumer_config
+from hsx.runtime.kafka.config import SEES_NEW_TOPICS
 from hsx.runtime.recent import RecentKeys
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady
@@ -176,8 +177,8 @@ def follow(
     if given."""
     settings = (kafka or KafkaSettings()).model_copy(update={"bootstrap": bootstrap})
     consumer = Consumer(consumer_config(
-        settings, group_id or f"hsx-follow-{uuid.uuid4().hex}", **{"enable.auto.commit": True,
-                                                                    "enable.auto.offset.store": True}))
+        settings, group_id or f"hsx-follow-{uuid.uuid4().hex}",
+        **{"enable.auto.commit": True, "enable.auto.offset.store": True, **SEES_NEW_TOPICS}))
     assigned = False
 
     def on_assign(_consumer: Consumer, _partitions: list) -> None:
