@@ -15,7 +15,6 @@ from pydantic import ValidationError
 
 from hsx.dataset.reader import ShardHandles
 from hsx.runtime.kafka import ConsumerErrors, consumer_config
-from hsx.runtime.kafka.config import SEES_NEW_TOPICS
 from hsx.runtime.recent import RecentKeys
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady, format_validation_error
@@ -96,7 +95,7 @@ def consume(opts: ConsumeOptions, shards: ShardHandles, progress: Progress, slot
     """Yield this slot's samples until ``idle_timeout`` passes without a record,
     or with ``until_end`` until every partition is caught up (else for ever);
     then the buffer is emptied, in random order."""
-    consumer = Consumer(consumer_config(opts.kafka, opts.group_id, **SEES_NEW_TOPICS))
+    consumer = Consumer(consumer_config(opts.kafka, opts.group_id))
     try:
         try:
             topic = consumer.list_topics(opts.topic, timeout=METADATA_TIMEOUT_S).topics.get(opts.topic)

@@ -190,6 +190,7 @@ class BlockSender:
         if not transfer.manifest_sent:
             if transfer.manifest is None:
                 blocks = [value for value in transfer.encoded if value is not None]
+                assert len(blocks) == len(transfer.ranges)  # every block was produced before the manifest
                 transfer.manifest = manifest_record(transfer.job, transfer.params, transfer.gathered, blocks,
                                                     self._config, self._layer_ids)
             headers = BlockRecordHeaders(kind=RecordKind.MANIFEST, attempt_id=transfer.params.attempt_id)

@@ -13,7 +13,6 @@ from typing import IO, Any
 from typing_extensions import Self
 
 
-
 class ServerProcess:
     """One child process in a session of its own (a Ctrl-C in the terminal reaches
     hsx, which then stops it in order). Subclasses implement :meth:`start` with

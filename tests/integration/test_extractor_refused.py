@@ -1,7 +1,7 @@
 """An extractor whose block records Kafka refuses has the outcome of a sink whose
 ready events are refused: it exits 1, the prompts are neither retried nor
 dead-lettered, and nothing is committed past them, so a restart extracts them
-again. The refusal: the connector (in vLLM's worker) cut off from the broker by a
+again. The refusal: the connector (in vLLM's engine process) cut off from the broker by a
 fault proxy while prompts keep coming, with a 3 s delivery timeout. (Cut off, not
 the whole broker frozen: a frozen broker also holds the extractor's commit, and
 whether any record was still unacknowledged at that moment was a race.)"""

@@ -1,7 +1,7 @@
 """Network faults between every service and the broker, under load, through a
 fault-injecting proxy (``tests/reliability/netfaults.py``) that the broker
 advertises, so every connection of the producer, the extractor, its connector
-(in vLLM's worker process) and the sink goes through it. One pipeline lives
+(in vLLM's engine process) and the sink goes through it. One pipeline lives
 through these faults in turn, each with fresh prompts published by ``hsx
 produce`` through the proxy:
 
