@@ -53,8 +53,12 @@ $(MODELS_STAMP): $(STAMP) $(wildcard hsx/models/*.py hsx/models/*.jsonl)
 	$(BIN)/hsx models prepare
 	@touch $@
 
-test: $(MODELS_STAMP) $(TOOLS_STAMP) $(SPEC_STAMP)
-	$(BIN)/python -m pytest
+# The three environments build side by side (pip mostly waits on downloads). The
+# suite runs on two workers: one runs every engine test, one at a time; the other
+# everything else (tests/conftest.py says how).
+test:
+	@$(MAKE) --no-print-directory -j3 $(MODELS_STAMP) $(TOOLS_STAMP) $(SPEC_STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 test-fast: $(STAMP) $(TOOLS_STAMP) $(SPEC_STAMP)
 	$(BIN)/python -m pytest -m "not engine"

@@ -20,6 +20,17 @@ from hsx.local.topics import fresh_topic_settings
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``make test`` runs two pytest-xdist workers with ``--dist loadgroup``: every
+    engine test joins one group, so one worker runs the engines one at a time
+    (sharing their session fixtures, as a single process would) while the other
+    runs everything else, which mostly waits on brokers, sinks and S3."""
+    for item in items:
+        if item.get_closest_marker("engine"):
+            item.add_marker(pytest.mark.xdist_group("engine"))
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """``HSX_KAFKA_BOOTSTRAP``, else a Kafka container when Docker answers, else the

@@ -5,6 +5,7 @@ processes on :func:`hsx.local.topics.fresh_topics`."""
 
 from __future__ import annotations
 
+import fcntl
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -94,11 +95,14 @@ def committed(kafka: KafkaSettings, topic: str, group: str, partitions: int) -> 
 
 def record_figures(test: str, figures: dict[str, object]) -> None:
     """Merge one test's figures into ``out/reliability.json`` (quoted in the README)
-    and print them into the test's output."""
+    and print them into the test's output. Two xdist workers may both merge: the
+    read-modify-write holds a lock."""
     FIGURES.parent.mkdir(parents=True, exist_ok=True)
-    current = orjson.loads(FIGURES.read_bytes()) if FIGURES.exists() else {}
-    current[test] = figures
-    FIGURES.write_bytes(orjson.dumps(current, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+    with open(FIGURES.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        current = orjson.loads(FIGURES.read_bytes()) if FIGURES.exists() else {}
+        current[test] = figures
+        FIGURES.write_bytes(orjson.dumps(current, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
     print(f"{test}: {orjson.dumps(figures).decode()}")
 
 
