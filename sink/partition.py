@@ -1,11 +1,13 @@
 """One assigned partition of ``hidden_states.blocks``: its reassembly, its open
-shard, what the dataset already holds (dedupe), and the storage backoff."""
+shard, its closed shards waiting to be written, what the dataset already holds
+(dedupe), and the storage backoff."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from hsx.runtime.errors import HsxError
@@ -33,10 +35,10 @@ class DatasetDamaged(HsxError):
 
 @dataclass(frozen=True)
 class StoredCopy:
-    """The copy of a request the dataset (or the open shard) already holds."""
+    """The copy of a request the dataset (or a shard not yet written) already holds."""
 
     event: HiddenStatesReady | None
-    """Its ready event; None while it waits in the open shard (its event comes with the shard)."""
+    """Its ready event; None while it waits in a shard not yet written (its event comes with the shard)."""
     same_tokens: bool
     """Whether it holds the same token ids: a duplicate, else a conflict."""
 
@@ -49,6 +51,11 @@ class PartitionState:
     shard: OpenShard
     keys: KeyIndex
     """Samples already in the dataset, as compact keys: later copies are duplicates."""
+    closed: deque[OpenShard] = field(default_factory=deque)
+    """Closed shards not yet in the dataset, oldest first. The shard writer writes
+    the first (``writing``), one at a time, so shards land in name order."""
+    writing: Future[list[HiddenStatesReady]] | None = None
+    """The write of ``closed[0]`` in the writer thread; None between attempts."""
     republish: list[tuple[HiddenStatesReady, list[int]]] = field(default_factory=list)
     """Ready events of duplicates, published again (consumers de-duplicate by event
     id): a crash between writing a shard and publishing its events must not leave
@@ -76,15 +83,16 @@ class PartitionState:
 
     @property
     def buffered_bytes(self) -> int:
-        return self.assembler.pending_bytes + self.shard.nbytes
+        return self.assembler.pending_bytes + self.shard.nbytes + sum(shard.nbytes for shard in self.closed)
 
     def stored_copy(self, storage: Storage, request_id: str, token_ids: list[int]) -> StoredCopy | None:
-        """The copy of ``request_id`` the partition already holds (in a shard, or
-        in the open one), or None for a new request. Reads the shard's index only
-        when the keys match."""
-        open_copy = self.shard.by_id.get(request_id)
-        if open_copy is not None:
-            return StoredCopy(None, open_copy.manifest.token_ids == token_ids)
+        """The copy of ``request_id`` the partition already holds (in the dataset,
+        or in a shard not yet written), or None for a new request. Reads the
+        shard's index only when the keys match."""
+        for unwritten in (self.shard, *self.closed):
+            copy = unwritten.by_id.get(request_id)
+            if copy is not None:
+                return StoredCopy(None, copy.manifest.token_ids == token_ids)
         candidates = self.keys.candidates(request_id)
         if not candidates:
             return None
@@ -111,7 +119,12 @@ class PartitionState:
             self._indexes.popitem(last=False)
         return events
 
-    # -- writing the open shard, with backoff after storage errors ---------------------------
+    # -- closing and writing shards, with backoff after storage errors ---------------------
+
+    def close_shard(self) -> None:
+        """The open shard joins the closed ones; a new one opens."""
+        self.closed.append(self.shard)
+        self.shard = OpenShard(self.topic, self.partition)
 
     def may_write(self, now: float | None = None) -> bool:
         """False while a storage error's backoff runs."""
@@ -124,8 +137,10 @@ class PartitionState:
         self.backoff = min(self.backoff * 2, _MAX_BACKOFF)
         return waited
 
-    def written(self) -> None:
-        """The open shard is durable and indexed: its samples are known, a new shard opens."""
+    def written(self) -> OpenShard:
+        """The first closed shard is durable and indexed: its samples are known.
+        Returns it."""
+        shard = self.closed.popleft()
         self.backoff = _FIRST_BACKOFF
-        self.keys.add(shard_keys(self.shard))
-        self.shard = OpenShard(self.topic, self.partition)
+        self.keys.add(shard_keys(shard))
+        return shard

@@ -1,10 +1,10 @@
 """The sink service: a consumer-group member on ``hidden_states.blocks``.
 
 Data flows one way: consume → reassemble and verify samples (per partition) →
-append to the partition's open shard → when the shard closes, write it durably,
-then its index, then publish one ``hidden_states.ready`` event per sample → once
-Kafka acknowledged them, the records are done → commit the partition's
-watermark. Duplicates (extractor retries, replays) are dropped; corrupt or
+append to the partition's open shard → when the shard closes, the writer thread
+writes it durably, then its index, while the loop consumes on → publish one
+``hidden_states.ready`` event per sample → once Kafka acknowledged them, the
+records are done → commit the partition's watermark. Duplicates (extractor retries, replays) are dropped; corrupt or
 incomplete samples go to the DLQ and never reach the dataset.
 """
 
@@ -88,10 +88,11 @@ class Sink:
             self._loop()
             if self.member.fatal is None:  # after a failure, a restart redoes the rest
                 for state in self._partitions.values():
-                    self._shards.close(state)
+                    self._shards.settle(state)
                 self._shards.republish(self._partitions.values())
             self.member.commit()
         finally:
+            self._shards.shutdown()
             self.member.close()
             producer.client.flush(30)
         self.member.raise_if_failed()
@@ -135,11 +136,19 @@ class Sink:
         """Make what we hold durable before the member commits and the partitions move on."""
         for key in partitions:
             if key in self._partitions:
-                self._shards.close(self._partitions[key])
+                self._shards.settle(self._partitions[key])
         self._shards.republish(self._partitions.values())
-        self.lost(partitions)
+        self._forget(partitions)
 
     def lost(self, partitions: list[TopicPartitionKey]) -> None:
+        """The next owner replays what was not committed; only a write under way
+        is finished first, so that it cannot land beside the next owner's."""
+        for key in partitions:
+            if key in self._partitions:
+                self._shards.wait(self._partitions[key])
+        self._forget(partitions)
+
+    def _forget(self, partitions: list[TopicPartitionKey]) -> None:
         for key in partitions:
             self._partitions.pop(key, None)
 
@@ -176,8 +185,7 @@ class Sink:
             self._shards.close(state)
         state.shard.add(sample)
         shard = state.shard
-        full = shard.nbytes >= self.options.max_shard_bytes or len(shard.samples) >= self.options.max_shard_samples
-        if full and state.may_write():
+        if shard.nbytes >= self.options.max_shard_bytes or len(shard.samples) >= self.options.max_shard_samples:
             self._shards.close(state)
 
     def _drop_duplicate(self, state: PartitionState, sample: Sample, event: HiddenStatesReady | None) -> None:
@@ -187,7 +195,7 @@ class Sink:
                  extra=record_fields(request_id, state.topic, state.partition, sample.manifest_offset))
         if event is not None:
             state.republish.append((event, sample.offsets))
-        else:  # its first copy is in the open shard; its event comes with the shard
+        else:  # its first copy waits in a shard not yet written; its event comes with the shard
             self._done(state, sample.offsets)
 
     def _reject(self, state: PartitionState, rejected: RejectedRecords) -> None:
@@ -207,22 +215,19 @@ class Sink:
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
+        self._shards.reap(self._partitions.values())
         self._shards.republish(self._partitions.values())
+        over = self._buffered() > self.options.max_buffer_bytes
         for state in self._partitions.values():
             for rejected in state.assembler.expire(now):
                 self._reject(state, rejected)
-            if state.shard.samples and self._due(state.shard, now) and state.may_write(now):
+            if state.shard.samples and (over or self._due(state.shard, now)):
                 self._shards.close(state)
-        if self._buffered() > self.options.max_buffer_bytes:
-            for state in self._partitions.values():
-                if state.may_write(now):
-                    self._shards.close(state)
-        over = self._buffered() > self.options.max_buffer_bytes
         # Pausing frees memory only by letting shards be written. When incomplete
         # samples alone hold the excess (a sample larger than the budget, or a
         # killed attempt's blocks waiting for its retry), a pause would wait on
         # records it stops fetching: consume on, so that they complete.
-        pause = over and any(state.shard.samples for state in self._partitions.values())
+        pause = over and any(state.shard.samples or state.closed for state in self._partitions.values())
         if pause != self.member.paused:
             self.member.pause(pause)
             log.warning("memory budget %s: partitions %s", "exceeded" if over else "ok", "paused" if pause else

@@ -11,7 +11,7 @@ from prometheus_client import Gauge
 from hsx.dataset.sample import Sample
 from hsx.runtime.stats import Recorder, counted
 
-_BUFFERED_BYTES = Gauge("hsx_sink_buffered_bytes", "Bytes held in memory (pending blocks + open shards)")
+_BUFFERED_BYTES = Gauge("hsx_sink_buffered_bytes", "Bytes held in memory (pending blocks, open shards, shards not yet written)")
 _KNOWN_SAMPLES = Gauge("hsx_sink_known_samples", "Samples of the assigned partitions already in the dataset (dedupe keys held)")
 _LOAD_SECONDS = Gauge("hsx_sink_partition_load_seconds", "Seconds the last assignment spent loading its partitions' dedupe keys")
 

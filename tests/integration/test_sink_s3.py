@@ -1,5 +1,6 @@
 """``hsx sink --output s3://…`` against a real S3 server: an outage under a
-running sink (the server SIGSTOPped for 20 s) commits nothing meanwhile and loses
+running sink (the server SIGSTOPped for 20 s) commits nothing meanwhile, does not
+stop the sink reading on (its shard writer waits, its loop does not), and loses
 nothing after; a wrong key or a missing bucket stops the sink at start, in one
 line, with nothing committed."""
 
@@ -21,17 +22,19 @@ from hsx.dataset.reader import open_dataset
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady
 from tests.reliability.harness import committed, index_counts, publish, wait_until
-from tests.unit.test_assembler import records
+from tests.unit.test_assembler import HIDDEN, LAYERS, records
 
 pytestmark = [pytest.mark.integration]
 
 OUTAGE_S = 20.0
+TOKENS = 12
+SAMPLE_BYTES = TOKENS * LAYERS * HIDDEN * 4  # float32
 
 
 def _samples(prefix: str, count: int, first_offset: int) -> list:  # type: ignore[type-arg]
     out = []
     for i in range(count):
-        recs, _ = records(f"{prefix}-{i}", tokens=12, first_offset=first_offset + len(out))
+        recs, _ = records(f"{prefix}-{i}", tokens=TOKENS, first_offset=first_offset + len(out))
         out += recs
     return out
 
@@ -55,13 +58,16 @@ def test_an_s3_outage_under_a_running_sink_commits_nothing_and_loses_nothing(
         try:
             during = _samples("during", 4, len(before))
             publish(kafka, topics.blocks, during)
-            ends = time.monotonic() + OUTAGE_S
+            ends, held = time.monotonic() + OUTAGE_S, 0.0
             while time.monotonic() < ends:  # the sink holds the new samples: none of their records is committed
                 assert committed(kafka, topics.blocks, group, 1)[0] == len(before)
+                held = max(held, sink.metric("hsx_sink_buffered_bytes"))
                 _alive(sink)
                 time.sleep(1)
         finally:
             s3_server.resume()
+        # All four samples, two shards' worth (--max-shard-samples 2): it read on past the shard it could not write.
+        assert held >= 4 * SAMPLE_BYTES, f"{held:.0f} bytes held"
         total = len(before) + len(during)
         wait_until(lambda: committed(kafka, topics.blocks, group, 1)[0] == total, 180,
                    "every sample stored after the outage", tick=lambda: _alive(sink))

@@ -58,7 +58,8 @@ def test_samples_written_after_the_load_are_known_too(tmp_path: Path) -> None:
     state.shard.add(tiny_sample("open", 5))
     open_copy = state.stored_copy(storage, "open", [0])
     assert open_copy == type(open_copy)(None, True)  # in the open shard: its event comes with the shard
-    write_shard(storage, "tiny", state.shard)
+    state.close_shard()
+    write_shard(storage, "tiny", state.closed[0])
     state.written()
     stored = state.stored_copy(storage, "open", [0])
     assert stored is not None and stored.event is not None and stored.same_tokens
