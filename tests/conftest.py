@@ -31,6 +31,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("engine"))
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """On an xdist worker of a ``--dist loadgroup`` run, xdist marks grouped tests
+    by a suffix of their node ids; without it (pytest-dev/pytest-xdist#1386) the
+    engine tests would spread over both workers, silently: each of them fails instead."""
+    grouped = not getattr(item.config.option, "loadgroup", False) or item.nodeid.endswith("@engine")
+    if item.get_closest_marker("engine") and not grouped:
+        pytest.fail("pytest-xdist did not group the engine tests: this pytest and pytest-xdist do not work "
+                    "together (pytest-dev/pytest-xdist#1386); see pyproject.toml", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """``HSX_KAFKA_BOOTSTRAP``, else a Kafka container when Docker answers, else the
