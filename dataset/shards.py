@@ -98,6 +98,10 @@ class OpenShard:
         self.by_id[sample.manifest.request_id] = sample
         self.nbytes += len(sample.hidden_states)
 
+    def due(self, now: float, max_age: float, when_idle: float | None) -> bool:
+        """Old enough, or idle long enough (when ``when_idle`` is set), to close."""
+        return now - self.opened_at >= max_age or (when_idle is not None and now - self.last_added_at >= when_idle)
+
     @property
     def stem(self) -> str:
         return shard_stem(self.topic, self.partition, self.samples[0].manifest_offset)

@@ -9,9 +9,11 @@ from hsx.schemas.blocks import (
     Codec,
     DType,
     Manifest,
+    PayloadRef,
     RecordKind,
     Segment,
     SourceRef,
+    staged_key,
 )
 from hsx.schemas.common import SCHEMA_VERSION, RequestId, StrictModel, format_validation_error
 from hsx.schemas.dlq import DlqHeaders, ErrorClass
@@ -38,6 +40,7 @@ __all__ = [
     "HiddenStatesReady",
     "Manifest",
     "Message",
+    "PayloadRef",
     "PromptEvent",
     "PromptKind",
     "PromptLimits",
@@ -51,4 +54,5 @@ __all__ = [
     "Topics",
     "format_validation_error",
     "ready_event_id",
+    "staged_key",
 ]

@@ -1,5 +1,8 @@
 """Records on ``hidden_states.blocks``: binary block records carrying compressed
 slices of a request's hidden states, then one JSON manifest per request attempt.
+By reference (``hsx extract --payload-store``), the block records' values go
+back to back into one staged object instead, and the manifest alone goes to
+Kafka, saying where each block is in it (:class:`PayloadRef`).
 
 Every record of one request is keyed by its ``request_id`` (so all land in one
 partition, in order) and carries :class:`BlockRecordHeaders` as Kafka headers.
@@ -182,6 +185,32 @@ class BlockRef(StrictModel):
     token_end: PositiveInt
     checksum: Checksum
     compressed_nbytes: NonNegativeInt
+    """The size of the block record's value (header included)."""
+    offset: NonNegativeInt | None = None
+    """Where that value starts in the staged object; set exactly when the manifest
+    has a ``payload``."""
+
+
+STAGED_SUFFIX = ".blocks"
+
+
+def staged_key(request_id: str, attempt_id: str) -> str:
+    """The staged object of one attempt, relative to the payload store. Derived,
+    not chosen: a sink reads only the key it derives itself, so a forged manifest
+    cannot point it at another object or file."""
+    return f"{request_id}/{attempt_id}{STAGED_SUFFIX}"
+
+
+class PayloadRef(StrictModel):
+    """The staged object holding a by-reference attempt's blocks: their record
+    values back to back, in block order, exactly as they would have gone to Kafka."""
+
+    key: Annotated[str, Field(min_length=1, max_length=512)]
+    """Relative to the payload store both services are given (``--payload-store``);
+    always :func:`staged_key` of the manifest's request and attempt (a sink dead-letters
+    any other as ``payload_forbidden``). Never a URL or a credential."""
+    nbytes: NonNegativeInt
+    """The object's size: the blocks' ``compressed_nbytes`` summed."""
 
 
 class SourceRef(StrictModel):
@@ -220,6 +249,19 @@ class Manifest(StrictModel):
     """How the answer in ``token_ids`` was generated, when the prompt asked for one."""
     capture: Capture = "all"
     """``last``: the blocks hold only the final token's hidden states (one row)."""
+    payload: PayloadRef | None = None
+    """By reference: the staged object holding the blocks, which then never
+    appear as block records. Absent for inline attempts."""
+
+    def by_reference(self) -> Manifest:
+        """This manifest for blocks staged back to back, in order, in the object
+        at :func:`staged_key` (what ``hsx extract --payload-store`` uploads)."""
+        blocks, offset = [], 0
+        for block in self.blocks:
+            blocks.append(block.model_copy(update={"offset": offset}))
+            offset += block.compressed_nbytes
+        return self.model_validate({**self.model_dump(), "blocks": [b.model_dump() for b in blocks],
+                                    "payload": {"key": staged_key(self.request_id, self.attempt_id), "nbytes": offset}})
 
     @property
     def first_captured(self) -> int:
@@ -250,6 +292,7 @@ class Manifest(StrictModel):
         if expected_start != self.num_tokens:
             raise ValueError("blocks must cover exactly " + ("the final token" if self.capture == "last"
                                                              else "num_tokens tokens"))
+        self._check_offsets()
         for start, end in self.loss_mask_spans or []:
             if not start < end <= self.num_tokens:
                 raise ValueError(f"loss mask span [{start}, {end}) outside [0, {self.num_tokens})")
@@ -257,3 +300,17 @@ class Manifest(StrictModel):
             if not turn.token_start < turn.token_end <= self.num_tokens + 1:  # + the final token
                 raise ValueError(f"generated turn [{turn.token_start}, {turn.token_end}) outside the sequence")
         return self
+
+    def _check_offsets(self) -> None:
+        """By reference, the blocks tile the staged object from its first byte to its last."""
+        if self.payload is None:
+            if any(block.offset is not None for block in self.blocks):
+                raise ValueError("block offsets are set on by-reference manifests (with a payload) only")
+            return
+        position = 0
+        for block in self.blocks:
+            if block.offset != position:
+                raise ValueError(f"block {block.index} must start at byte {position} of the payload")
+            position += block.compressed_nbytes
+        if position != self.payload.nbytes:
+            raise ValueError(f"the blocks hold {position} bytes, the payload {self.payload.nbytes}")

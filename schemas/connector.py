@@ -72,6 +72,14 @@ class ConnectorConfig(StrictModel):
     max_inflight_bytes: Annotated[int, Field(ge=1 << 20)] = 512 << 20
     """Raw hidden-state bytes gathered but not yet acknowledged by Kafka; requests
     beyond it wait in vLLM's cache (their blocks stay pinned)."""
+    payload_store: str | None = None
+    """By reference: each attempt's blocks go back to back into one object here
+    (a directory the sinks can read, or ``s3://bucket/prefix``), and only the
+    manifest goes to Kafka. Credentials come from the engine process's
+    environment (the standard AWS chain), never from here: vLLM logs this
+    configuration."""
+    upload_threads: Annotated[int, Field(ge=1, le=64)] = 4
+    """Attempts staged at once, by reference."""
     max_request_bytes: PositiveInt
     """Raw bytes of the largest request the engine can finish
     (:func:`request_bytes_bound` of its ``max_model_len``). ``max_inflight_bytes``

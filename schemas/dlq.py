@@ -40,6 +40,12 @@ class ErrorClass(StrEnum):
     CORRUPT_BLOCK = "corrupt_block"
     SHAPE_MISMATCH = "shape_mismatch"
     CONFLICTING_DUPLICATE = "conflicting_duplicate"
+    # sink: by-reference manifests (the error message names the staged object)
+    PAYLOAD_FORBIDDEN = "payload_forbidden"
+    """The manifest names an object other than its attempt's staged key."""
+    PAYLOAD_MISSING = "payload_missing"
+    PAYLOAD_CORRUPT = "payload_corrupt"
+    """The staged object is shorter than its manifest says, or a block in it does not verify."""
 
 
 class DlqHeaders(StrictModel):

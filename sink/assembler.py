@@ -9,6 +9,11 @@ scales are what the quantization can produce). Anything else becomes a
 :class:`RejectedRecords` with a reason; attempts whose
 manifest never comes are rejected after a timeout, or as soon as another attempt
 of the same request completes (a killed extractor's leftovers).
+
+A by-reference manifest (one with a ``payload``) comes without block records: it
+becomes :class:`Staged`, and :meth:`Assembler.complete` verifies the blocks once
+they are read from the payload store (:mod:`hsx.sink.payloads`), as it would
+block records.
 """
 
 from __future__ import annotations
@@ -51,6 +56,19 @@ class RejectedRecords:
 
 
 @dataclass
+class Staged:
+    """A by-reference manifest whose blocks are still in the payload store."""
+
+    manifest: Manifest
+    offset: int
+    value: bytes
+    """The manifest's bytes (what goes to the DLQ)."""
+
+    def reject(self, error_class: ErrorClass, reason: str) -> RejectedRecords:
+        return RejectedRecords(error_class, reason, [self.offset], self.manifest.request_id, self.value)
+
+
+@dataclass
 class _Pending:
     blocks: dict[int, Record] = field(default_factory=dict)
     first_seen: float = field(default_factory=time.monotonic)
@@ -71,8 +89,9 @@ class Assembler:
     def pending_bytes(self) -> int:
         return sum(p.nbytes for p in self._pending.values())
 
-    def add(self, record: Record) -> Sample | RejectedRecords | None:
-        """Feed one record; returns a finished sample or rejection, if any."""
+    def add(self, record: Record) -> Sample | Staged | RejectedRecords | None:
+        """Feed one record; returns a finished sample, a by-reference manifest to
+        fetch the blocks of, or a rejection, if any."""
         try:
             headers = BlockRecordHeaders.from_kafka(record.headers)
             request_id = (record.key or b"").decode()
@@ -94,16 +113,24 @@ class Assembler:
         if manifest.request_id != request_id or manifest.attempt_id != headers.attempt_id:
             return RejectedRecords(ErrorClass.INVALID_MANIFEST, "manifest does not match its record key / attempt header",
                             offsets, request_id, record.value)
-        try:
-            parts = _verified_parts(manifest, pending.blocks)
-        except InvalidInput as exc:
-            return RejectedRecords(exc.error_class, exc.reason, offsets, request_id, record.value)
-        records = [pending.blocks[ref.index].value for ref in manifest.blocks]
-        if manifest.quantization is None:
-            return Sample(manifest, b"".join(p[0] for p in parts), offsets, records)
-        codes = np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
-        scales = np.concatenate([p[2] for p in parts]) if len(parts) > 1 else parts[0][2]
-        return Sample(manifest, b"", offsets, records, fp8=(codes, scales))
+        if manifest.payload is not None:
+            if pending.blocks:
+                return RejectedRecords(ErrorClass.INVALID_MANIFEST, f"a by-reference manifest, but "
+                                       f"{len(pending.blocks)} block record(s) of its attempt arrived", offsets,
+                                       request_id, record.value)
+            return Staged(manifest, record.offset, record.value)
+        return _sample(manifest, {i: r.value for i, r in pending.blocks.items()}, offsets, record.value)
+
+    @staticmethod
+    def complete(staged: Staged, blocks: list[bytes], location: str) -> Sample | RejectedRecords:
+        """The sample of a by-reference manifest from its blocks' values, as read
+        from the staged object at ``location``; a block that does not verify is
+        ``payload_corrupt`` naming it."""
+        done = _sample(staged.manifest, dict(enumerate(blocks)), [staged.offset], staged.value)
+        if isinstance(done, RejectedRecords):
+            error_class = ErrorClass.PAYLOAD_CORRUPT if done.error_class is ErrorClass.CORRUPT_BLOCK else done.error_class
+            return staged.reject(error_class, f"staged object {location}: {done.reason}")
+        return done
 
     def supersede(self, request_id: str) -> list[RejectedRecords]:
         """Reject the unfinished attempts of a request that now has a complete one.
@@ -132,7 +159,22 @@ _Part = tuple[bytes, np.ndarray | None, np.ndarray | None]
 """A verified block: its raw bytes, and for fp8 its codes and scales."""
 
 
-def _verified_parts(manifest: Manifest, blocks: dict[int, Record]) -> list[_Part]:
+def _sample(manifest: Manifest, blocks: dict[int, bytes], offsets: list[int],
+            manifest_value: bytes) -> Sample | RejectedRecords:
+    """The sample the manifest vouches for, from its blocks' values by index."""
+    try:
+        parts = _verified_parts(manifest, blocks)
+    except InvalidInput as exc:
+        return RejectedRecords(exc.error_class, exc.reason, offsets, manifest.request_id, manifest_value)
+    records = [blocks[ref.index] for ref in manifest.blocks]
+    if manifest.quantization is None:
+        return Sample(manifest, b"".join(p[0] for p in parts), offsets, records)
+    codes = np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+    scales = np.concatenate([p[2] for p in parts]) if len(parts) > 1 else parts[0][2]
+    return Sample(manifest, b"", offsets, records, fp8=(codes, scales))
+
+
+def _verified_parts(manifest: Manifest, blocks: dict[int, bytes]) -> list[_Part]:
     missing = [b.index for b in manifest.blocks if b.index not in blocks]
     if missing:
         raise InvalidInput(ErrorClass.INCOMPLETE_SAMPLE, f"manifest lists blocks {missing} that never arrived")
@@ -142,7 +184,7 @@ def _verified_parts(manifest: Manifest, blocks: dict[int, Record]) -> list[_Part
     parts = []
     for ref in manifest.blocks:
         try:
-            header, raw = decode_block(blocks[ref.index].value)
+            header, raw = decode_block(blocks[ref.index])
         except CorruptBlock as exc:
             raise InvalidInput(ErrorClass.CORRUPT_BLOCK, f"block {ref.index}: {exc}") from exc
         expected_shape = (ref.token_end - ref.token_start, len(manifest.layer_ids), manifest.hidden_size)

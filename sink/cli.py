@@ -56,6 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--upload-part-bytes", type=integer(MIN_PART_BYTES), default=_DEFAULTS.upload_part_bytes,
                         help="multipart part size for an s3:// output (default %(default)s); uploads read the "
                              "open shard's memory, so a shard is never copied")
+    parser.add_argument("--payload-store", metavar="URL",
+                        help="where the extractor stages hidden states (its --payload-store: a directory or "
+                             "s3://BUCKET/PREFIX): the only place by-reference manifests are read from; each "
+                             "staged object is deleted once its manifest is committed")
     parser.add_argument("--exit-when-idle", type=number(0), metavar="SECS", help="stop after SECS with nothing to read")
     parser.add_argument("--exactly-once", action="store_true",
                         help="ready events and offset commits in one Kafka transaction (needs a broker with full "
@@ -77,10 +81,11 @@ def run(args: argparse.Namespace) -> int:
                         dataset_codec=DatasetCodec(args.dataset_codec))
     # Before the broker: a wrong key or bucket is refused at once, in one line.
     storage = open_storage(options.output, create=True, part_bytes=options.upload_part_bytes)
+    payloads = open_storage(options.payload_store, create=True) if options.payload_store else None
     # Before the service: it takes SIGINT as a drain, so a Ctrl-C during this wait
     # (for ever by default) would otherwise go unheard.
     wait_for_cluster(kafka, args.connect_timeout)
-    stats = Sink(kafka, topics, options, storage).run()
+    stats = Sink(kafka, topics, options, storage, payloads).run()
     print(f"sink: {stats.describe()}")
     if args.stats_file:
         args.stats_file.write_bytes(orjson.dumps(stats.as_dict()))

@@ -41,5 +41,9 @@ class SinkOptions:
     safetensors reader loads them."""
     upload_part_bytes: int = 16 << 20
     """Multipart part size for an object-store output (at least S3's 5 MiB)."""
+    payload_store: str | None = None
+    """Where by-reference manifests keep their blocks (``hsx extract
+    --payload-store``): a directory or ``s3://bucket/prefix``, the only place
+    this sink reads staged objects from. None: a by-reference manifest stops the sink."""
     health_port: int | None = None
     """Serve /healthz, /readyz and /metrics here (0: any free port; None: off)."""

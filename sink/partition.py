@@ -1,6 +1,7 @@
 """One assigned partition of ``hidden_states.blocks``: its reassembly, its open
-shard, its closed shards waiting to be written, what the dataset already holds
-(dedupe), and the storage backoff."""
+shard, its closed shards waiting to be written, its by-reference manifests
+waiting for the payload store, what the dataset already holds (dedupe), and the
+storage backoffs."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from hsx.runtime.errors import HsxError
 from hsx.schemas import HiddenStatesReady, ShardIndex
 from hsx.schemas.keys import token_key
-from hsx.sink.assembler import Assembler
+from hsx.sink.assembler import Assembler, Staged
 from hsx.sink.keys import KeyIndex, load_keys
 from hsx.dataset.shards import (
     INDEX, OpenShard, partition_prefix, partition_stems, prefixed_stem, remove_orphans, shard_keys,
@@ -31,6 +32,28 @@ after shard, so each index is parsed once, and at most two are held."""
 class DatasetDamaged(HsxError):
     """A key file names a shard whose index cannot be read: the dataset was
     changed by hand. Raised rather than guessed around: the sample may be stored."""
+
+
+@dataclass
+class Backoff:
+    """The wait after a storage error: from 0.5 s, doubling up to 30 s; a success resets it."""
+
+    delay: float = _FIRST_BACKOFF
+    retry_at: float = 0.0
+
+    def ready(self, now: float | None = None) -> bool:
+        """False while the wait runs."""
+        return (time.monotonic() if now is None else now) >= self.retry_at
+
+    def failed(self) -> float:
+        """Start (or double) the wait; returns its seconds."""
+        waited = self.delay
+        self.retry_at = time.monotonic() + waited
+        self.delay = min(self.delay * 2, _MAX_BACKOFF)
+        return waited
+
+    def reset(self) -> None:
+        self.delay = _FIRST_BACKOFF
 
 
 @dataclass(frozen=True)
@@ -60,8 +83,11 @@ class PartitionState:
     """Ready events of duplicates, published again (consumers de-duplicate by event
     id): a crash between writing a shard and publishing its events must not leave
     trainers without them."""
-    retry_at: float = 0.0
-    backoff: float = _FIRST_BACKOFF
+    write_backoff: Backoff = field(default_factory=Backoff)
+    unfetched: list[Staged] = field(default_factory=list)
+    """By-reference manifests whose payload store did not answer, fetched again
+    after ``fetch_backoff``; nothing past them is committed meanwhile."""
+    fetch_backoff: Backoff = field(default_factory=Backoff)
     _indexes: OrderedDict[int, dict[str, HiddenStatesReady]] = field(default_factory=OrderedDict)
 
     @classmethod
@@ -126,21 +152,10 @@ class PartitionState:
         self.closed.append(self.shard)
         self.shard = OpenShard(self.topic, self.partition)
 
-    def may_write(self, now: float | None = None) -> bool:
-        """False while a storage error's backoff runs."""
-        return (time.monotonic() if now is None else now) >= self.retry_at
-
-    def write_failed(self) -> float:
-        """Start (or double) the backoff; returns the seconds to wait."""
-        waited = self.backoff
-        self.retry_at = time.monotonic() + waited
-        self.backoff = min(self.backoff * 2, _MAX_BACKOFF)
-        return waited
-
     def written(self) -> OpenShard:
         """The first closed shard is durable and indexed: its samples are known.
         Returns it."""
         shard = self.closed.popleft()
-        self.backoff = _FIRST_BACKOFF
+        self.write_backoff.reset()
         self.keys.add(shard_keys(shard))
         return shard

@@ -17,7 +17,6 @@ from confluent_kafka import Message
 
 from hsx.dataset.encoding import encode
 from hsx.dataset.sample import Sample
-from hsx.dataset.shards import OpenShard
 from hsx.dataset.storage import Storage, StorageRefused, dataset_name, open_storage
 from hsx.runtime.errors import InvalidInput
 from hsx.runtime.kafka import RecordProducer, ensure_topics
@@ -28,11 +27,12 @@ from hsx.runtime.kafka.watermarks import TopicPartitionKey
 from hsx.runtime.logs import record_fields
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import ErrorClass, HiddenStatesReady
-from hsx.sink.assembler import Record, RejectedRecords
+from hsx.sink.assembler import Record, RejectedRecords, Staged
 from hsx.sink.memory import release_large_buffers_to_the_os
 from hsx.sink.options import SinkOptions
 from hsx.sink.partition import PartitionState
 from hsx.sink.partition_count import check_topic, refusal
+from hsx.sink.payloads import PayloadReader, StagedObjects
 from hsx.sink.ready import ReadyPublisher
 from hsx.sink.shard_writer import ShardWriter
 from hsx.sink.stats import SinkStats
@@ -44,7 +44,7 @@ class Sink:
     """One sink process."""
 
     def __init__(self, kafka: KafkaSettings, topics: TopicSettings, options: SinkOptions,
-                 storage: Storage | None = None) -> None:
+                 storage: Storage | None = None, payloads: Storage | None = None) -> None:
         self.kafka = kafka
         self.topic_settings = topics
         self.topics = topics.topics()
@@ -63,6 +63,10 @@ class Sink:
             commit_interval=options.commit_interval, exit_when_idle=options.exit_when_idle,
             stall_timeout=options.stall_timeout,
         )
+        if payloads is None and options.payload_store:
+            payloads = open_storage(options.payload_store, create=True)
+        self._payloads = PayloadReader(payloads, self.member.fail)
+        self._staged = StagedObjects(payloads)
         self._partitions: dict[TopicPartitionKey, PartitionState] = {}
         self._recorded_partitions = 0
 
@@ -82,7 +86,7 @@ class Sink:
         ready = ReadyPublisher(self.kafka, producer, self.topics.ready, self.member.marks,
                                self.options.group_id if self.options.exactly_once else None)
         self._shards = ShardWriter(self.storage, self.dataset, ready, self.stats, self.member.fail, self._done)
-        self.member.subscribe(commit=ready.commit)
+        self.member.subscribe(commit=lambda only: self._commit(ready, only))
         ready.bind(self.member.consumer)
         try:
             self._loop()
@@ -98,6 +102,10 @@ class Sink:
         self.member.raise_if_failed()
         log.info("sink finished: %s", self.stats.describe())
         return self.stats
+
+    def _commit(self, ready: ReadyPublisher, only: set[TopicPartitionKey] | None) -> None:
+        ready.commit(only)
+        self._staged.delete_committed(self.member.marks)
 
     def stop(self) -> None:
         log.info("stopping: flushing open shards")
@@ -134,23 +142,17 @@ class Sink:
 
     def revoked(self, partitions: list[TopicPartitionKey]) -> None:
         """Make what we hold durable before the member commits and the partitions move on."""
-        for key in partitions:
-            if key in self._partitions:
-                self._shards.settle(self._partitions[key])
-        self._shards.republish(self._partitions.values())
-        self._forget(partitions)
+        states = [self._partitions.pop(key) for key in partitions if key in self._partitions]
+        for state in states:
+            self._shards.settle(state)
+        self._shards.republish(states)
 
     def lost(self, partitions: list[TopicPartitionKey]) -> None:
         """The next owner replays what was not committed; only a write under way
         is finished first, so that it cannot land beside the next owner's."""
         for key in partitions:
-            if key in self._partitions:
-                self._shards.wait(self._partitions[key])
-        self._forget(partitions)
-
-    def _forget(self, partitions: list[TopicPartitionKey]) -> None:
-        for key in partitions:
-            self._partitions.pop(key, None)
+            if (state := self._partitions.pop(key, None)) is not None:
+                self._shards.wait(state)
 
     # -- per record ----------------------------------------------------------------------------
 
@@ -159,10 +161,14 @@ class Sink:
         if state is None:  # refused (see assigned): never processed, so never committed
             return
         result = state.assembler.add(Record(message.offset(), message.key(), message.value() or b"", message.headers()))
-        if isinstance(result, RejectedRecords):
-            self._reject(state, result)
-        elif isinstance(result, Sample):
-            self._add_sample(state, result)
+        self._take(state, self._payloads.accept(state, result) if isinstance(result, Staged) else [result])
+
+    def _take(self, state: PartitionState, results: list[Sample | RejectedRecords | None]) -> None:
+        for result in results:
+            if isinstance(result, RejectedRecords):
+                self._reject(state, result)
+            elif isinstance(result, Sample):
+                self._add_sample(state, result)
 
     def _add_sample(self, state: PartitionState, sample: Sample) -> None:
         request_id = sample.manifest.request_id
@@ -184,6 +190,7 @@ class Sink:
         if not state.shard.accepts(sample):
             self._shards.close(state)
         state.shard.add(sample)
+        self._staged.add(state.key, sample)
         shard = state.shard
         if shard.nbytes >= self.options.max_shard_bytes or len(shard.samples) >= self.options.max_shard_samples:
             self._shards.close(state)
@@ -191,6 +198,7 @@ class Sink:
     def _drop_duplicate(self, state: PartitionState, sample: Sample, event: HiddenStatesReady | None) -> None:
         request_id = sample.manifest.request_id
         self.stats.add("duplicates")
+        self._staged.add(state.key, sample)
         log.info("duplicate of %s dropped (attempt %s)", request_id, sample.manifest.attempt_id,
                  extra=record_fields(request_id, state.topic, state.partition, sample.manifest_offset))
         if event is not None:
@@ -221,7 +229,9 @@ class Sink:
         for state in self._partitions.values():
             for rejected in state.assembler.expire(now):
                 self._reject(state, rejected)
-            if state.shard.samples and (over or self._due(state.shard, now)):
+            self._take(state, self._payloads.retry(state, now))
+            if state.shard.samples and (over or state.shard.due(now, self.options.max_shard_age,
+                                                                  self.options.flush_when_idle)):
                 self._shards.close(state)
         # Pausing frees memory only by letting shards be written. When incomplete
         # samples alone hold the excess (a sample larger than the budget, or a
@@ -232,12 +242,6 @@ class Sink:
             self.member.pause(pause)
             log.warning("memory budget %s: partitions %s", "exceeded" if over else "ok", "paused" if pause else
                         "resumed" + (" for incomplete samples to complete" if over else ""))
-
-    def _due(self, shard: OpenShard, now: float) -> bool:
-        """The open shard is old enough, or idle long enough, to close."""
-        idle = self.options.flush_when_idle
-        return (now - shard.opened_at >= self.options.max_shard_age
-                or (idle is not None and now - shard.last_added_at >= idle))
 
     def _buffered(self) -> int:
         return sum(s.buffered_bytes for s in self._partitions.values())

@@ -94,7 +94,7 @@ class ShardWriter:
                 self._publish(state, [e for e, _ in pending], [o for _, offsets in pending for o in offsets])
 
     def _next(self, state: PartitionState) -> None:
-        if state.closed and state.writing is None and not self._refused and state.may_write():
+        if state.closed and state.writing is None and not self._refused and state.write_backoff.ready():
             self._submit(state)
 
     def _submit(self, state: PartitionState) -> None:
@@ -114,7 +114,7 @@ class ShardWriter:
             self._fail(exc)
             return False
         except OSError as exc:
-            log.error("cannot write shard %s (retrying in %.1fs): %s", stem, state.write_failed(), exc)
+            log.error("cannot write shard %s (retrying in %.1fs): %s", stem, state.write_backoff.failed(), exc)
             return False
         shard = state.written()
         self._publish(state, events, [o for sample in shard.samples for o in sample.offsets])

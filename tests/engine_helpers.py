@@ -15,7 +15,9 @@ from hsx.local.spawn import HsxService
 from hsx.runtime.settings import TopicSettings
 from hsx.runtime.tensors import TORCH_DTYPES
 from hsx.schemas import Manifest
-from hsx.sink.assembler import Assembler, Record, RejectedRecords
+from hsx.dataset.storage import Storage
+from hsx.sink.assembler import Assembler, Record, RejectedRecords, Staged
+from hsx.sink.payloads import PayloadReader
 
 
 def run_extractor(bootstrap: str, topics: TopicSettings, group: str, model: Path, log_path: Path, *extra: str,
@@ -33,17 +35,24 @@ class Sample:
     hidden_states: torch.Tensor  # [T, L, H]
 
 
-def reassemble(records: list[Message]) -> dict[str, list[Sample]]:
+def reassemble(records: list[Message], payloads: Storage | None = None) -> dict[str, list[Sample]]:
     """Every complete attempt on the blocks topic, by request id, reassembled and
-    verified the way the sink does it; any rejection fails the test."""
+    verified the way the sink does it (by reference: read from ``payloads``);
+    any rejection fails the test."""
     assemblers: dict[int, Assembler] = defaultdict(Assembler)  # records of a request share a partition
     samples: dict[str, list[Sample]] = defaultdict(list)
     for record in records:
         result = assemblers[record.partition()].add(
             Record(record.offset(), record.key(), record.value(), record.headers()))
+        if isinstance(result, Staged):
+            result = PayloadReader(payloads, _no_store).fetch(result)
         assert not isinstance(result, RejectedRecords), result
         if result is not None:
             m = result.manifest
             hidden = torch.frombuffer(bytearray(result.hidden_states), dtype=TORCH_DTYPES[m.dtype])
             samples[m.request_id].append(Sample(m, hidden.view(m.captured_tokens, len(m.layer_ids), m.hidden_size)))
     return samples
+
+
+def _no_store(error: BaseException) -> None:
+    raise AssertionError(f"by-reference records, and no payload store to read them from: {error}")

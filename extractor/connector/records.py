@@ -5,6 +5,8 @@ block records of whole tokens, and the manifest that lists them (wire contracts:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from hsx.codecs.block import encode_block, read_header
@@ -52,15 +54,18 @@ def encode_rows(gathered: Gathered, start: int, end: int, token_start: int, conf
                             codec=config.codec, level=config.codec_level)
 
 
-def manifest_record(job: SendJob, params: RequestParams, gathered: Gathered, blocks: list[bytes],
+def block_ref(index: int, value: bytes) -> BlockRef:
+    """What the manifest says of the block whose record value is ``value``."""
+    header, _ = read_header(value)
+    return BlockRef(index=index, token_start=header.token_start, token_end=header.token_end,
+                    checksum=header.checksum, compressed_nbytes=len(value))
+
+
+def manifest_record(job: SendJob, params: RequestParams, gathered: Gathered, refs: list[BlockRef],
                     config: ConnectorConfig, layer_ids: list[int]) -> bytes:
-    """The manifest of an attempt whose block records are ``blocks``, in order.
-    Raises ``ValueError`` when it fails its own checks."""
-    refs = []
-    for index, value in enumerate(blocks):
-        header, _ = read_header(value)
-        refs.append(BlockRef(index=index, token_start=header.token_start, token_end=header.token_end,
-                             checksum=header.checksum, compressed_nbytes=len(value)))
+    """The manifest of an attempt whose blocks are ``refs``, in order; by
+    reference (``config.payload_store``) it says where they are in the staged
+    object. Raises ``ValueError`` when it fails its own checks."""
     manifest = Manifest(
         request_id=params.request_id,
         attempt_id=params.attempt_id,
@@ -77,5 +82,10 @@ def manifest_record(job: SendJob, params: RequestParams, gathered: Gathered, blo
         metadata=params.metadata,
         source=params.source,
     )
-    # Unquantized manifests leave the field out, as before it existed (older sinks forbid unknown fields).
-    return manifest.model_dump_json(exclude=None if manifest.quantization else {"quantization"}).encode()
+    if config.payload_store is not None:
+        manifest = manifest.by_reference()
+    # Fields a manifest does not use are left out, as before they existed (older sinks forbid unknown fields).
+    unused: dict[str, Any] = {} if manifest.quantization else {"quantization": True}
+    if manifest.payload is None:
+        unused |= {"payload": True, "blocks": {"__all__": {"offset"}}}
+    return manifest.model_dump_json(exclude=unused).encode()

@@ -1,7 +1,9 @@
 """Worker side of the connector, after the gather: compress a request's blocks
 (:mod:`hsx.extractor.connector.records`) on a thread pool, produce the block
 records in order and then the manifest, and declare the request finished only when
-Kafka acknowledged every record.
+Kafka acknowledged every record. By reference (``payload_store``), the blocks go
+in order into one staged object instead (streamed: a multipart upload on S3),
+and the manifest is produced once the object is durable.
 
 Threads:
 
@@ -10,7 +12,10 @@ Threads:
   encoded before ``submit`` attached its callback is produced from the worker
   thread, which is fine: producing never waits);
 * one poller thread serves delivery reports, which complete transfers, and
-  retries stalled transfers.
+  retries stalled transfers;
+* by reference, the :class:`~hsx.extractor.connector.staging.Stager`'s pool
+  writes each transfer's staged object, taking its blocks in order as they are
+  encoded (its only waiting: on its own queue).
 
 Each transfer's state is guarded by its own lock, taken by all three; the
 sender's lock (budget, finished and stalled transfers) is only ever taken inside
@@ -31,43 +36,19 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from hsx.extractor.completion import CompletionSender
 from hsx.extractor.connector.gather import Gathered
 from hsx.extractor.connector.metadata import SendJob
-from hsx.extractor.connector.records import block_ranges, encode_rows, manifest_record, raw_bytes
+from hsx.extractor.connector.records import block_ranges, block_ref, encode_rows, manifest_record, raw_bytes
+from hsx.extractor.connector.staging import Stager
+from hsx.extractor.connector.transfer import Transfer
 from hsx.runtime.kafka import DeliveryFailed, RecordProducer
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import BlockRecordHeaders, RecordKind
 from hsx.schemas.connector import CompletionReport, ConnectorConfig, RequestParams
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)  # compared (and hashed) by identity: a member of the stalled set
-class _Transfer:
-    """State of one request attempt in flight."""
-
-    job: SendJob
-    params: RequestParams
-    gathered: Gathered
-    ranges: list[tuple[int, int]]
-    raw_bytes: int
-    encoded: list[bytes | None] = field(default_factory=list)
-    encoding: int = 0
-    """Blocks still on the compression pool."""
-    next_to_produce: int = 0
-    manifest: bytes | None = None
-    """The manifest record, once built (kept while the queue is full)."""
-    unacked: int = 0
-    manifest_sent: bool = False
-    completed: bool = False
-    compressed_bytes: int = 0
-    error: str | None = None
-    refused: bool = False
-    """Kafka refused one of its records: fatal for the extractor, not retried."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class BlockSender:
@@ -91,10 +72,11 @@ class BlockSender:
             **{"queue.buffering.max.kbytes": min(2**31 - 1, 2 * config.max_inflight_bytes // 1024)},
         )
         self._pool = ThreadPoolExecutor(config.compress_threads, thread_name_prefix="hsx-encode")
+        self._stager = Stager(config.payload_store, config.upload_threads) if config.payload_store else None
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._finished: set[str] = set()
-        self._stalled: dict[_Transfer, None] = {}
+        self._stalled: dict[Transfer, None] = {}
         """Transfers whose next record found the queue full, oldest first."""
         self._inflight_bytes = 0
         self._inflight = 0
@@ -115,12 +97,16 @@ class BlockSender:
         # Lax: the params crossed msgpack, where tuples become lists.
         params = RequestParams.model_validate(job.params, strict=False)
         ranges = block_ranges(gathered, self._config.block_bytes)
-        transfer = _Transfer(job, params, gathered, ranges, raw_bytes=raw_bytes(gathered))
+        transfer = Transfer(job, params, gathered, ranges, raw_bytes=raw_bytes(gathered))
         transfer.encoded = [None] * len(ranges)
         transfer.encoding = len(ranges)
         with self._lock:
             self._inflight += 1
             self._inflight_bytes += transfer.raw_bytes
+        if self._stager is not None:
+            transfer.uploading = True
+            transfer.staging = self._stager.start(params.request_id, params.attempt_id, len(ranges),
+                                                  lambda error, t=transfer: self._staged(t, error))
         for index in range(len(ranges)):
             self._pool.submit(self._encode, transfer, index).add_done_callback(
                 lambda f, t=transfer, i=index: self._encoded(t, i, f)
@@ -150,11 +136,11 @@ class BlockSender:
 
     # -- compression pool -------------------------------------------------------------
 
-    def _encode(self, transfer: _Transfer, index: int) -> bytes:
+    def _encode(self, transfer: Transfer, index: int) -> bytes:
         start, end = transfer.ranges[index]
         return encode_rows(transfer.gathered, start, end, transfer.job.first_row + start, self._config)
 
-    def _encoded(self, transfer: _Transfer, index: int, future: Future[bytes]) -> None:
+    def _encoded(self, transfer: Transfer, index: int, future: Future[bytes]) -> None:
         with transfer.lock:
             transfer.encoding -= 1
             if future.exception() is not None:
@@ -163,7 +149,15 @@ class BlockSender:
                 transfer.encoded[index] = future.result()
             self._produce_ready(transfer)
 
-    def _produce_ready(self, transfer: _Transfer) -> None:
+    def _staged(self, transfer: Transfer, error: BaseException | None) -> None:
+        """By reference: the staged object is durable (or failed); the manifest may follow."""
+        with transfer.lock:
+            transfer.uploading = False
+            if error is not None:
+                transfer.error = transfer.error or f"staging its blocks failed: {error}"
+            self._produce_ready(transfer)
+
+    def _produce_ready(self, transfer: Transfer) -> None:
         """Produce every block that is encoded and next in order, then the manifest;
         complete the transfer if that was all. Called with ``transfer.lock`` held."""
         if transfer.error is None:
@@ -171,9 +165,12 @@ class BlockSender:
                 self._produce_in_order(transfer)
             except Exception as exc:  # noqa: BLE001 - e.g. a manifest that fails its own checks
                 transfer.error = f"{type(exc).__name__}: {exc}"
+        if transfer.error is not None and transfer.staging is not None:
+            transfer.staging.put(None)  # the upload gives up (and aborts) rather than wait for blocks
+            transfer.staging = None
         self._maybe_complete(transfer)
 
-    def _produce_in_order(self, transfer: _Transfer) -> None:
+    def _produce_in_order(self, transfer: Transfer) -> None:
         """Queue records until the next block is not encoded yet, the local queue
         is full (the transfer stalls), or the manifest is queued."""
         while transfer.next_to_produce < len(transfer.ranges):
@@ -181,25 +178,31 @@ class BlockSender:
             value = transfer.encoded[index]
             if value is None:
                 return
-            headers = BlockRecordHeaders(kind=RecordKind.BLOCK, attempt_id=transfer.params.attempt_id,
-                                         block_index=index, codec=self._config.codec)
-            if not self._produce(transfer, value, headers):
-                return
+            if transfer.staging is not None:
+                transfer.staging.put(value)
+            else:
+                headers = BlockRecordHeaders(kind=RecordKind.BLOCK, attempt_id=transfer.params.attempt_id,
+                                             block_index=index, codec=self._config.codec)
+                if not self._produce(transfer, value, headers):
+                    return
+            transfer.refs.append(block_ref(index, value))
+            transfer.encoded[index] = None  # now the producer's queue's, or the upload's
             transfer.compressed_bytes += len(value)
             transfer.next_to_produce += 1
+        if transfer.uploading:
+            return  # the manifest waits until the staged object is durable
         if not transfer.manifest_sent:
             if transfer.manifest is None:
-                blocks = [value for value in transfer.encoded if value is not None]
-                assert len(blocks) == len(transfer.ranges)  # every block was produced before the manifest
-                transfer.manifest = manifest_record(transfer.job, transfer.params, transfer.gathered, blocks,
+                assert len(transfer.refs) == len(transfer.ranges)  # every block was sent before the manifest
+                transfer.manifest = manifest_record(transfer.job, transfer.params, transfer.gathered, transfer.refs,
                                                     self._config, self._layer_ids)
             headers = BlockRecordHeaders(kind=RecordKind.MANIFEST, attempt_id=transfer.params.attempt_id)
             if not self._produce(transfer, transfer.manifest, headers):
                 return
             transfer.manifest_sent = True
-            transfer.encoded, transfer.manifest = [], None  # the bytes now live in the producer's queue
+            transfer.manifest = None  # the bytes now live in the producer's queue
 
-    def _produce(self, transfer: _Transfer, value: bytes, headers: BlockRecordHeaders) -> bool:
+    def _produce(self, transfer: Transfer, value: bytes, headers: BlockRecordHeaders) -> bool:
         """Queue one record of ``transfer``; ``False`` (nothing queued, the
         transfer stalled) when librdkafka's local queue is full. Called with
         ``transfer.lock`` held, which the delivery reports need: never waits."""
@@ -233,12 +236,12 @@ class BlockSender:
             with transfer.lock:
                 self._produce_ready(transfer)
 
-    def _acked(self, transfer: _Transfer) -> None:
+    def _acked(self, transfer: Transfer) -> None:
         with transfer.lock:
             transfer.unacked -= 1
             self._maybe_complete(transfer)
 
-    def _refused(self, transfer: _Transfer, refusal: DeliveryFailed) -> None:
+    def _refused(self, transfer: Transfer, refusal: DeliveryFailed) -> None:
         with transfer.lock:
             transfer.unacked -= 1
             if not transfer.refused:
@@ -247,10 +250,10 @@ class BlockSender:
                 transfer.error = f"{transfer.error}; then {refusal}" if transfer.error else str(refusal)
             self._maybe_complete(transfer)
 
-    def _maybe_complete(self, transfer: _Transfer) -> None:
+    def _maybe_complete(self, transfer: Transfer) -> None:
         """Called with ``transfer.lock`` held: finish once nothing is outstanding."""
         settled = transfer.manifest_sent or transfer.error is not None
-        if transfer.completed or not settled or transfer.unacked or transfer.encoding:
+        if transfer.completed or not settled or transfer.unacked or transfer.encoding or transfer.uploading:
             return
         transfer.completed = True
         report = CompletionReport(
@@ -278,6 +281,8 @@ class BlockSender:
     def close(self, timeout: float = 30.0) -> None:
         """Wait up to ``timeout`` for the transfers in flight to end, then stop threads."""
         self._pool.shutdown(wait=True)
+        if self._stager is not None:
+            self._stager.close()
         with self._idle:
             if not self._idle.wait_for(lambda: self._inflight == 0, timeout):
                 log.warning("closing with %d transfer(s) unfinished after %.0fs: their attempts are not reported",

@@ -13,6 +13,7 @@ import pytest
 import torch
 import zmq
 
+from hsx.dataset.storage import open_storage
 from hsx.extractor.completion import CompletionSender
 from hsx.extractor.connector.gather import gather_cpu
 from hsx.extractor.connector.metadata import SendJob
@@ -106,6 +107,52 @@ def test_sends_bit_exact_blocks_then_manifest(dtype: torch.dtype, kafka: KafkaSe
         assert sample.manifest.layer_ids == [1, 2, 4] and sample.manifest.loss_mask_spans == [(0, 1)]
         assert reports[name].num_tokens == len(job.token_ids)
         assert reports[name].raw_bytes == expected.numel() * expected.element_size()
+
+
+@pytest.mark.parametrize("store", ["directory", "s3"])
+def test_by_reference_stages_the_blocks_and_sends_only_the_manifest(
+        store: str, kafka: KafkaSettings, topic_settings: TopicSettings, completions,  # type: ignore[no-untyped-def]
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """``--payload-store``: one staged object per attempt, holding exactly the
+    block records' values, and the manifest alone on the topic, once the object is durable."""
+    address, socket = completions
+    ensure_topics(kafka, topic_settings, [topic_settings.blocks])
+    url = str(tmp_path / "staging") if store == "directory" else request.getfixturevalue("s3_dataset_url")
+    cache = torch.randn(20, LAYERS, BLOCK_SIZE, HIDDEN).to(torch.bfloat16)
+    config = _config(address, topic_settings.blocks, block_bytes=4096, payload_store=url)
+    sender = BlockSender(config, kafka, [1, 2, 4], CompletionSender(address))
+    jobs = {name: _job(name, tokens, cache) for name, tokens in (("one", 1), ("many", 70))}
+    reports = _send_all(sender, jobs, cache, socket)
+    assert all(r.ok and r.error is None for r in reports.values()), reports
+    on_topic = drain(kafka, topic_settings.blocks, expected=2, settle=2.0)
+    assert [BlockRecordHeaders.from_kafka(r.headers()).kind for r in on_topic] == [RecordKind.MANIFEST] * 2
+    payloads = open_storage(url)
+    samples = reassemble(on_topic, payloads)
+    for name, (job, expected) in jobs.items():
+        (sample,) = samples[name]
+        assert torch.equal(sample.hidden_states.view(torch.uint8), expected.contiguous().view(torch.uint8))
+        assert sample.manifest.payload is not None and len(sample.manifest.blocks) > (name == "many")
+        assert payloads.size(sample.manifest.payload.key) == sample.manifest.payload.nbytes
+        assert reports[name].compressed_bytes == sample.manifest.payload.nbytes
+
+
+def test_a_failed_staging_is_reported_and_sends_no_manifest(kafka: KafkaSettings, topic_settings: TopicSettings,
+                                                             completions, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The extractor retries such an attempt (not a refusal); the other attempts are unaffected."""
+    address, socket = completions
+    ensure_topics(kafka, topic_settings, [topic_settings.blocks])
+    (tmp_path / "staging").mkdir()
+    (tmp_path / "staging" / "broken").write_bytes(b"")  # where the attempt's folder would go
+    config = _config(address, topic_settings.blocks, block_bytes=4096, payload_store=str(tmp_path / "staging"))
+    sender = BlockSender(config, kafka, [1, 2, 4], CompletionSender(address))
+    cache = torch.randn(20, LAYERS, BLOCK_SIZE, HIDDEN)
+    jobs = {name: _job(name, 37, cache) for name in ("broken", "fine")}
+    reports = _send_all(sender, jobs, cache, socket)
+    assert reports["fine"].ok, reports["fine"]
+    broken = reports["broken"]
+    assert not broken.ok and not broken.refused and "staging its blocks failed" in (broken.error or ""), broken
+    on_topic = drain(kafka, topic_settings.blocks, expected=1, settle=2.0)
+    assert [r.key() for r in on_topic] == [b"fine"]
 
 
 def test_unreachable_kafka_is_reported_as_a_refusal(completions) -> None:  # type: ignore[no-untyped-def]

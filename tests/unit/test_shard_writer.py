@@ -131,7 +131,7 @@ def test_refused_storage_stops_the_service_and_is_not_retried(tmp_path: Path) ->
         state.shard.add(tiny_sample("a", 0))
         shards.close(state)
         shards.wait(state)
-        state.retry_at = 0.0
+        state.write_backoff.retry_at = 0.0
         shards.reap([state])
         assert failed == [refused] and state.writing is None and ready.events == [] and done == []
         shards.settle(state)  # the final flush after a failure writes nothing either

@@ -1,0 +1,44 @@
+"""The state of one request attempt in flight in the
+:class:`~hsx.extractor.connector.sender.BlockSender`, guarded by its own lock."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+
+from hsx.extractor.connector.gather import Gathered
+from hsx.extractor.connector.metadata import SendJob
+from hsx.schemas import BlockRef
+from hsx.schemas.connector import RequestParams
+
+
+@dataclass(eq=False)  # compared (and hashed) by identity: a member of the stalled set
+class Transfer:
+    """State of one request attempt in flight."""
+
+    job: SendJob
+    params: RequestParams
+    gathered: Gathered
+    ranges: list[tuple[int, int]]
+    raw_bytes: int
+    encoded: list[bytes | None] = field(default_factory=list)
+    encoding: int = 0
+    """Blocks still on the compression pool."""
+    refs: list[BlockRef] = field(default_factory=list)
+    """What the manifest will say of the blocks sent so far."""
+    next_to_produce: int = 0
+    manifest: bytes | None = None
+    """The manifest record, once built (kept while the queue is full)."""
+    unacked: int = 0
+    manifest_sent: bool = False
+    completed: bool = False
+    compressed_bytes: int = 0
+    error: str | None = None
+    refused: bool = False
+    """Kafka refused one of its records: fatal for the extractor, not retried."""
+    staging: queue.SimpleQueue[bytes | None] | None = None
+    """By reference: the blocks, in order, for the upload (None: give up)."""
+    uploading: bool = False
+    """By reference: the staged object is being written."""
+    lock: threading.Lock = field(default_factory=threading.Lock)

@@ -1,0 +1,114 @@
+"""``hsx sink --payload-store`` on a real broker, with the store a directory and
+a real S3 server: inline and by-reference manifests on one topic make one
+dataset, and each staged object is deleted once its manifest is committed;
+missing, corrupt and forged references are dead letters naming the object; a
+sink given no payload store stops at the first by-reference manifest, with
+nothing committed."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from hsx.dataset.reader import open_dataset
+from hsx.dataset.storage import Storage, open_storage
+from hsx.local.topics import fresh_topics
+from hsx.runtime.settings import KafkaSettings
+from hsx.schemas import ErrorClass, Manifest
+from hsx.sink.assembler import Record
+from tests.integration.test_sink_dedupe import run_sink
+from tests.reliability.harness import committed, dead_letters, publish
+from tests.unit.test_assembler import records
+
+pytestmark = [pytest.mark.integration]
+
+
+def staged(store: Storage, request_id: str, key: str | None = None,
+           damage: bool = False) -> tuple[Record, torch.Tensor]:
+    """A request's blocks staged as the extractor stages them, and its by-reference
+    manifest (``key``: a forged one instead; ``damage`` flips a byte of the object)."""
+    recs, hidden = records(request_id, tokens=11, per_block=4)
+    manifest = Manifest.model_validate_json(recs[-1].value).by_reference()
+    assert manifest.payload is not None
+    data = bytearray(b"".join(r.value for r in recs[:-1]))
+    if damage:
+        data[-3] ^= 0xFF
+    with store.open_atomic(manifest.payload.key) as out:
+        out.write(bytes(data))
+    if key is not None:
+        manifest = manifest.model_copy(update={"payload": manifest.payload.model_copy(update={"key": key})})
+    return Record(0, recs[-1].key, manifest.model_dump_json(exclude_none=True).encode(), recs[-1].headers), hidden
+
+
+def _staged_keys(store: Storage) -> list[str]:
+    return [key for folder in ("inline", "ref-1", "ref-2") for key in store.list(folder)]
+
+
+@pytest.fixture(params=["directory", "s3"])
+def payload_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "directory":
+        return str(tmp_path / "staging")
+    return request.getfixturevalue("s3_dataset_url") + "-staging"
+
+
+def test_inline_and_by_reference_manifests_make_one_dataset(kafka: KafkaSettings, tmp_path: Path,
+                                                            payload_store: str) -> None:
+    topics = fresh_topics(kafka, partitions=1)
+    store = open_storage(payload_store, create=True)
+    inline, inline_hidden = records("inline", tokens=9, per_block=4)
+    refs = {rid: staged(store, rid) for rid in ("ref-1", "ref-2")}
+    publish(kafka, topics.blocks, inline[:2] + [refs["ref-1"][0]] + inline[2:] + [refs["ref-2"][0]])
+    assert len(_staged_keys(store)) == 2
+
+    output = tmp_path / "dataset"
+    sink = run_sink(kafka, topics, output, tmp_path, "sink", "--payload-store", payload_store)
+    assert sink.exited() == 0, sink.log_tail()
+    dataset = open_dataset(output)
+    expected = {"inline": inline_hidden, **{rid: hidden for rid, (_, hidden) in refs.items()}}
+    assert sorted(dataset.request_ids()) == sorted(expected)
+    for request_id, hidden in expected.items():
+        assert torch.equal(dataset[request_id]["hidden_states"], hidden)
+    assert committed(kafka, topics.blocks, "hsx-sink", 1)[0] == len(inline) + 2
+    assert _staged_keys(store) == []  # deleted once committed
+
+
+def test_missing_corrupt_and_forged_references_are_dead_letters(kafka: KafkaSettings, tmp_path: Path) -> None:
+    topics = fresh_topics(kafka, partitions=1)
+    payload_store = tmp_path / "staging"
+    store = open_storage(str(payload_store), create=True)
+    secret = tmp_path / "secret.blocks"
+    secret.write_bytes(b"not for the sink")
+    missing, _ = staged(store, "missing")
+    store.delete(Manifest.model_validate_json(missing.value).payload.key)  # type: ignore[union-attr]
+    corrupt, _ = staged(store, "corrupt", damage=True)
+    forged = {name: staged(store, name, key)[0] for name, key in [
+        ("forged-up", "../secret.blocks"), ("forged-other", f"victim/{'0' * 32}.blocks"), ("forged-abs", str(secret))]}
+    publish(kafka, topics.blocks, [missing, corrupt, *forged.values()])
+
+    sink = run_sink(kafka, topics, tmp_path / "dataset", tmp_path, "sink", "--payload-store", str(payload_store))
+    assert sink.exited() == 0, sink.log_tail()
+    letters = {r.key().decode(): h for h, r in dead_letters(kafka, topics.blocks_dlq, expected=5)}
+    assert letters["missing"].error_class is ErrorClass.PAYLOAD_MISSING
+    assert letters["corrupt"].error_class is ErrorClass.PAYLOAD_CORRUPT
+    for name in ("missing", "corrupt"):  # the message names the object
+        assert re.search(rf"{re.escape(str(payload_store))}/{name}/[0-9a-f]{{32}}\.blocks", letters[name].error_message)
+    for name in forged:
+        assert letters[name].error_class is ErrorClass.PAYLOAD_FORBIDDEN, letters[name]
+    assert secret.read_bytes() == b"not for the sink"
+    assert not (tmp_path / "dataset" / "index").exists() or not any((tmp_path / "dataset" / "index").iterdir())
+    # Dead-lettered objects are kept for inspection (the sweep removes them).
+    assert store.list("corrupt") != []
+
+
+def test_a_sink_without_a_payload_store_stops_at_a_reference(kafka: KafkaSettings, tmp_path: Path) -> None:
+    topics = fresh_topics(kafka, partitions=1)
+    inline, _ = records("inline", tokens=5, per_block=4)
+    reference, _ = staged(open_storage(str(tmp_path / "staging"), create=True), "ref")
+    publish(kafka, topics.blocks, inline + [reference])
+    sink = run_sink(kafka, topics, tmp_path / "dataset", tmp_path, "sink")
+    assert sink.exited() == 1, sink.log_tail()
+    assert "started without one: start it with the extractor's --payload-store" in sink.logs()
+    assert committed(kafka, topics.blocks, "hsx-sink", 1)[0] < len(inline) + 1
