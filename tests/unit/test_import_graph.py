@@ -15,7 +15,7 @@ ALLOWED = {
     "runtime": {"runtime", "schemas"},
     "dataset": {"dataset", "codecs", "runtime", "schemas"},
     "producer": {"producer", "runtime", "schemas"},
-    "extractor": {"extractor", "codecs", "runtime", "schemas"},
+    "extractor": {"extractor", "dataset", "codecs", "runtime", "schemas"},  # dataset.storage: the payload store
     "sink": {"sink", "dataset", "codecs", "runtime", "schemas"},
     "trainer": {"trainer", "dataset", "codecs", "runtime", "schemas"},
 }
