@@ -11,6 +11,7 @@ from typing import Any, get_args
 import orjson
 import zstandard
 
+from hsx.dataset.storage import open_payload_store
 from hsx.extractor.engine import EngineOptions, default_layer_ids
 from hsx.extractor.model_config import text_config
 from hsx.extractor.options import ExtractorOptions
@@ -129,6 +130,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                               "most 2**-4 of it or 2**-10 of its row's scale (schemas/fp8.py). Needs a sink of "
                               "this version: its --dataset-codec fp8/fp8-zstd stores the codes as sent, the "
                               "others dequantize (default %(default)s)")
+    service.add_argument("--payload-store", metavar="URL",
+                         help="send hidden states by reference: each attempt's blocks go into one object in URL "
+                              "(a directory the sinks can read, or s3://BUCKET/PREFIX; credentials from the usual "
+                              "AWS chain) and only its manifest goes to Kafka; the sinks need the same "
+                              "--payload-store (default: inline, every block through Kafka)")
     service.add_argument("--codec-level", type=integer(high=zstandard.MAX_COMPRESSION_LEVEL),
                          default=_CONNECTOR["codec_level"], help="zstd level (default %(default)s)")
     service.add_argument("--block-bytes", type=bounded(ConnectorConfig, "block_bytes"), default=_CONNECTOR["block_bytes"],
@@ -185,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
         engine, connector, service = options_from_args(args)
     except ValueError as exc:  # a value the options reject (pydantic's ValidationError is one)
         raise UsageError(str(exc)) from exc
+    if connector.payload_store:  # a wrong key or bucket is refused at once, in one line
+        open_payload_store(connector.payload_store)
     # Before the service: it takes SIGINT as a drain, so a Ctrl-C during this wait
     # (for ever by default) would otherwise go unheard.
     wait_for_cluster(kafka, args.connect_timeout)

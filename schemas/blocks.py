@@ -197,8 +197,9 @@ STAGED_SUFFIX = ".blocks"
 def staged_key(request_id: str, attempt_id: str) -> str:
     """The staged object of one attempt, relative to the payload store. Derived,
     not chosen: a sink reads only the key it derives itself, so a forged manifest
-    cannot point it at another object or file."""
-    return f"{request_id}/{attempt_id}{STAGED_SUFFIX}"
+    cannot point it at another object or file. Flat (no folder per request), so a
+    store directory holds only the objects in flight, and deleting leaves nothing."""
+    return f"{request_id}.{attempt_id}{STAGED_SUFFIX}"
 
 
 class PayloadRef(StrictModel):

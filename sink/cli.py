@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from hsx.dataset.storage import is_object_store, open_storage
+from hsx.dataset.storage import is_object_store, open_payload_store, open_storage
 from hsx.dataset.storage.s3 import MIN_PART_BYTES
 from hsx.runtime.checks import integer, number, writable_dir, writable_file
 from hsx.runtime.kafka.admin import add_connect_timeout, wait_for_cluster
@@ -60,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the extractor stages hidden states (its --payload-store: a directory or "
                              "s3://BUCKET/PREFIX): the only place by-reference manifests are read from; each "
                              "staged object is deleted once its manifest is committed")
+    parser.add_argument("--staged-max-age", type=number(above=0), default=_DEFAULTS.staged_max_age, metavar="SECS",
+                        help="delete staged objects older than SECS from the payload store (those no manifest "
+                             "names); keep it above the blocks topic's retention (default %(default)s: 7 days)")
     parser.add_argument("--exit-when-idle", type=number(0), metavar="SECS", help="stop after SECS with nothing to read")
     parser.add_argument("--exactly-once", action="store_true",
                         help="ready events and offset commits in one Kafka transaction (needs a broker with full "
@@ -81,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
                         dataset_codec=DatasetCodec(args.dataset_codec))
     # Before the broker: a wrong key or bucket is refused at once, in one line.
     storage = open_storage(options.output, create=True, part_bytes=options.upload_part_bytes)
-    payloads = open_storage(options.payload_store, create=True) if options.payload_store else None
+    payloads = open_payload_store(options.payload_store) if options.payload_store else None
     # Before the service: it takes SIGINT as a drain, so a Ctrl-C during this wait
     # (for ever by default) would otherwise go unheard.
     wait_for_cluster(kafka, args.connect_timeout)

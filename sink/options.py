@@ -45,5 +45,8 @@ class SinkOptions:
     """Where by-reference manifests keep their blocks (``hsx extract
     --payload-store``): a directory or ``s3://bucket/prefix``, the only place
     this sink reads staged objects from. None: a by-reference manifest stops the sink."""
+    staged_max_age: float = 7 * 24 * 3600.0
+    """The sweep deletes staged objects older than this (:mod:`hsx.sink.payloads`):
+    it must exceed the blocks topic's retention (Kafka's default: 7 days)."""
     health_port: int | None = None
     """Serve /healthz, /readyz and /metrics here (0: any free port; None: off)."""

@@ -18,6 +18,12 @@ Per by-reference manifest, in the sink's loop:
 4. once the sample is stored or dropped as a duplicate, its key waits for the
    commit of the manifest's offset (:class:`StagedObjects`), then is deleted.
    Dead-lettered objects are kept for inspection; the sweep removes them later.
+
+The sweep deletes staged objects older than ``--staged-max-age``: those no
+manifest names (an extractor killed between upload and manifest, a failed
+attempt), and dead letters' once inspected. It must exceed how long a manifest can
+wait uncommitted (the blocks topic's retention): an older object is deleted
+even if a manifest still names it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from hsx.dataset.storage import Storage
 from hsx.runtime.errors import ServiceFailed
 from hsx.runtime.kafka.watermarks import TopicPartitionKey, Watermarks
 from hsx.schemas import ErrorClass, staged_key
+from hsx.schemas.blocks import STAGED_SUFFIX
 from hsx.sink.assembler import Assembler, RejectedRecords, Staged
 from hsx.sink.partition import PartitionState
 
@@ -111,10 +118,13 @@ class PayloadReader:
 
 
 class StagedObjects:
-    """Staged objects to delete once their manifests' offsets are committed."""
+    """Staged objects to delete once their manifests' offsets are committed, and
+    the sweep of those older than ``max_age`` seconds."""
 
-    def __init__(self, storage: Storage | None) -> None:
+    def __init__(self, storage: Storage | None, max_age: float) -> None:
         self._storage = storage
+        self._max_age = max_age
+        self._next_sweep = 0.0
         self._waiting: dict[TopicPartitionKey, list[tuple[int, str]]] = defaultdict(list)
 
     def add(self, tp: TopicPartitionKey, sample: Sample) -> None:
@@ -143,3 +153,19 @@ class StagedObjects:
                 except OSError as exc:
                     log.warning("cannot delete staged object %s (the sweep will): %s", key, exc)
             waiting[:] = keep
+
+    def sweep(self, now: float) -> None:
+        """Every ``max_age / 4`` (at most hourly, at least a minute apart), delete
+        the staged objects older than ``max_age``."""
+        if self._storage is None or now < self._next_sweep:
+            return
+        self._next_sweep = now + max(60.0, min(3600.0, self._max_age / 4))
+        try:
+            stale = self._storage.stale(STAGED_SUFFIX, self._max_age)
+            for key in stale:
+                self._storage.delete(key)
+        except OSError as exc:
+            log.warning("sweeping staged objects failed (next sweep later): %s", exc)
+            return
+        if stale:
+            log.info("swept %d staged object(s) older than %.0fs", len(stale), self._max_age)

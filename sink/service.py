@@ -66,7 +66,7 @@ class Sink:
         if payloads is None and options.payload_store:
             payloads = open_storage(options.payload_store, create=True)
         self._payloads = PayloadReader(payloads, self.member.fail)
-        self._staged = StagedObjects(payloads)
+        self._staged = StagedObjects(payloads, options.staged_max_age)
         self._partitions: dict[TopicPartitionKey, PartitionState] = {}
         self._recorded_partitions = 0
 
@@ -225,6 +225,7 @@ class Sink:
         now = time.monotonic()
         self._shards.reap(self._partitions.values())
         self._shards.republish(self._partitions.values())
+        self._staged.sweep(now)
         over = self._buffered() > self.options.max_buffer_bytes
         for state in self._partitions.values():
             for rejected in state.assembler.expire(now):

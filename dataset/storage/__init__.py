@@ -14,9 +14,10 @@ from hsx.dataset.storage.base import (
     Storage, StorageRefused, StorageUnavailable, UnsafePath, UnsupportedLocation, Writer,
 )
 from hsx.dataset.storage.local import LocalStorage
+from hsx.runtime.errors import UsageError
 
 __all__ = ["LocalStorage", "Storage", "StorageRefused", "StorageUnavailable", "UnsafePath", "UnsupportedLocation",
-           "Writer", "dataset_name", "is_object_store", "open_storage"]
+           "Writer", "dataset_name", "is_object_store", "open_payload_store", "open_storage"]
 
 
 def is_object_store(location: str | Path) -> bool:
@@ -44,6 +45,18 @@ def open_storage(location: str | Path, *, create: bool = False, part_bytes: int 
     if not create and not root.is_dir():
         raise FileNotFoundError(f"no dataset at {root}")
     return LocalStorage(root)
+
+
+def open_payload_store(location: str) -> Storage:
+    """The store ``--payload-store`` names, where hidden states are staged by
+    reference: created when missing; a directory that cannot be is a
+    :class:`~hsx.runtime.errors.UsageError` naming the flag."""
+    try:
+        return open_storage(location, create=True)
+    except (StorageRefused, UsageError):
+        raise
+    except OSError as exc:
+        raise UsageError(f"--payload-store {location}: {exc}") from exc
 
 
 def dataset_name(output: str) -> str:

@@ -49,6 +49,11 @@ class Storage(Protocol):
         ``StartAfter``, paginated): one partition's files, or only those past its
         last indexed shard, cost requests for those alone, not for the dataset."""
 
+    def stale(self, suffix: str, older_than: float) -> list[str]:
+        """Relative paths of the objects at the top of the store whose name ends
+        with ``suffix``, last modified more than ``older_than`` seconds ago (on a
+        file system, the temp files of writes a kill interrupted included)."""
+
     def delete(self, relative: str) -> None:
         """Remove the object if it is there."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -67,6 +68,12 @@ class LocalStorage:
             names = [e.name for e in entries
                      if e.name.startswith(starting) and e.name > after and not e.name.startswith(".") and e.is_file()]
         return [f"{prefix}/{name}" for name in sorted(names)]
+
+    def stale(self, suffix: str, older_than: float) -> list[str]:
+        cutoff = time.time() - older_than
+        with os.scandir(self.root) as entries:
+            return sorted(e.name for e in entries if e.is_file() and e.stat().st_mtime < cutoff and (
+                e.name.endswith(suffix) or (e.name.startswith(".") and e.name.endswith(".tmp") and f"{suffix}." in e.name)))
 
     def size(self, relative: str) -> int:
         return self.local_path(relative).stat().st_size

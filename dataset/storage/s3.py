@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import datetime, timedelta, timezone
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -135,6 +136,17 @@ class S3Storage:
                         continue
                     if "/" not in name and not name.startswith(".") and name > after:
                         names.append(f"{prefix}/{name}")
+        return sorted(names)
+
+    def stale(self, suffix: str, older_than: float) -> list[str]:
+        """Incomplete multipart uploads are not objects: a bucket lifecycle rule
+        aborts them (docs/operations.md)."""
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=older_than)
+        names = []
+        with self._translated("list", ""):
+            for page in obstore.list(self.store, None, chunk_size=_LIST_PAGE):  # paths relative to the prefix
+                names += [meta["path"] for meta in page if "/" not in meta["path"]
+                          and meta["path"].endswith(suffix) and meta["last_modified"] < cutoff]
         return sorted(names)
 
     def size(self, relative: str) -> int:

@@ -1,5 +1,7 @@
 """The extractor end to end: a real broker, a real vLLM engine (``hsx extract``
-as a process), block records decoded and compared with HF transformers."""
+as a process), block records decoded and compared with HF transformers. The
+tiny model's run sends its hidden states by reference (``--payload-store``, a
+directory), SmolLM2's inline, so every check holds for both transports."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from hsx import models
 from hsx.local.topics import fresh_topics
 from hsx.reference import HFReference, max_relative_error
 from hsx.runtime.settings import KafkaSettings
-from hsx.schemas import DlqHeaders
+from hsx.dataset.storage import Storage, open_storage
+from hsx.schemas import BlockRecordHeaders, DlqHeaders, RecordKind
 from tests.engine_helpers import Sample, reassemble, run_extractor
 from tests.drain import drain
 
@@ -82,6 +85,9 @@ class Run:
     committed: dict[int, int]
     end_offsets: dict[int, int]
     prompts_topic: str
+    payloads: Storage | None
+    block_records: int
+    """Records on the blocks topic that are not manifests."""
 
 
 def _publish(kafka: KafkaSettings, topic: str, prompts: list[dict]) -> None:
@@ -110,12 +116,12 @@ def _offsets(kafka: KafkaSettings, topic: str, group: str, partitions: int) -> t
     return committed, ends
 
 
-@pytest.fixture(scope="module", params=[("tiny-llama", "0,2,4"), ("smollm2-135m-instruct", None)],
-                ids=["tiny", "smollm2"])
+@pytest.fixture(scope="module", params=[("tiny-llama", "0,2,4", True), ("smollm2-135m-instruct", None, False)],
+                ids=["tiny-by-reference", "smollm2"])
 def run(request: pytest.FixtureRequest, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Run:
     from transformers import AutoTokenizer
 
-    name, layers = request.param
+    name, layers, by_reference = request.param
     model_dir = models.prepare(names=[name])[name]
     kafka = KafkaSettings(bootstrap=kafka_bootstrap)
     topics = fresh_topics(kafka, partitions=3)
@@ -124,21 +130,40 @@ def run(request: pytest.FixtureRequest, kafka_bootstrap: str, tmp_path_factory: 
 
     log = tmp_path_factory.mktemp("extract") / "extract.log"
     args = ["--max-model-len", "512", "--block-bytes", "16384"] + (["--layers", layers] if layers else [])
+    payloads = open_storage(log.parent / "staging", create=True) if by_reference else None
+    if payloads is not None:
+        args += ["--payload-store", str(log.parent / "staging")]
     group = f"g-{topics.prompts}"
     result = run_extractor(kafka.bootstrap, topics, group, model_dir, log, *args)
     assert result == 0, log.read_text()[-5000:]
 
-    samples = reassemble(drain(kafka, topics.blocks, expected=1, timeout=30, settle=3.0))
+    records = drain(kafka, topics.blocks, expected=1, timeout=30, settle=3.0)
+    samples = reassemble(records, payloads)
+    blocks = sum(BlockRecordHeaders.from_kafka(r.headers()).kind is RecordKind.BLOCK for r in records)
     dead = drain(kafka, topics.prompts_dlq, expected=len(BAD), timeout=30)
     committed, ends = _offsets(kafka, topics.prompts, group, 3)
     first = next(iter(samples.values()))[0]
     return Run(model_dir, AutoTokenizer.from_pretrained(model_dir), prompts, generating, samples, dead,
-               first.manifest.layer_ids, committed, ends, topics.prompts)
+               first.manifest.layer_ids, committed, ends, topics.prompts, payloads, blocks)
 
 
 def test_every_prompt_has_exactly_one_manifest(run: Run) -> None:
     expected = Counter({p["request_id"]: 1 for p in run.prompts + run.generating})
     assert Counter({k: len(v) for k, v in run.samples.items()}) == expected
+
+
+def test_by_reference_only_manifests_cross_kafka(run: Run) -> None:
+    """Inline, every sample's blocks are records; by reference, none are, and each
+    manifest names a staged object of exactly its size."""
+    manifests = [sample.manifest for (sample,) in run.samples.values()]
+    if run.payloads is None:
+        assert run.block_records == sum(len(m.blocks) for m in manifests)
+        assert all(m.payload is None for m in manifests)
+        return
+    assert run.block_records == 0
+    for manifest in manifests:
+        assert manifest.payload is not None
+        assert run.payloads.size(manifest.payload.key) == manifest.payload.nbytes
 
 
 def test_hidden_states_match_hf_transformers(run: Run) -> None:

@@ -3,11 +3,13 @@ a real S3 server: inline and by-reference manifests on one topic make one
 dataset, and each staged object is deleted once its manifest is committed;
 missing, corrupt and forged references are dead letters naming the object; a
 sink given no payload store stops at the first by-reference manifest, with
-nothing committed."""
+nothing committed; the sweep deletes old staged objects and nothing else."""
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -44,7 +46,7 @@ def staged(store: Storage, request_id: str, key: str | None = None,
 
 
 def _staged_keys(store: Storage) -> list[str]:
-    return [key for folder in ("inline", "ref-1", "ref-2") for key in store.list(folder)]
+    return store.stale(".blocks", older_than=-3600)  # every one, however new
 
 
 @pytest.fixture(params=["directory", "s3"])
@@ -85,7 +87,7 @@ def test_missing_corrupt_and_forged_references_are_dead_letters(kafka: KafkaSett
     store.delete(Manifest.model_validate_json(missing.value).payload.key)  # type: ignore[union-attr]
     corrupt, _ = staged(store, "corrupt", damage=True)
     forged = {name: staged(store, name, key)[0] for name, key in [
-        ("forged-up", "../secret.blocks"), ("forged-other", f"victim/{'0' * 32}.blocks"), ("forged-abs", str(secret))]}
+        ("forged-up", "../secret.blocks"), ("forged-other", f"victim.{'0' * 32}.blocks"), ("forged-abs", str(secret))]}
     publish(kafka, topics.blocks, [missing, corrupt, *forged.values()])
 
     sink = run_sink(kafka, topics, tmp_path / "dataset", tmp_path, "sink", "--payload-store", str(payload_store))
@@ -94,13 +96,13 @@ def test_missing_corrupt_and_forged_references_are_dead_letters(kafka: KafkaSett
     assert letters["missing"].error_class is ErrorClass.PAYLOAD_MISSING
     assert letters["corrupt"].error_class is ErrorClass.PAYLOAD_CORRUPT
     for name in ("missing", "corrupt"):  # the message names the object
-        assert re.search(rf"{re.escape(str(payload_store))}/{name}/[0-9a-f]{{32}}\.blocks", letters[name].error_message)
+        assert re.search(rf"{re.escape(str(payload_store))}/{name}\.[0-9a-f]{{32}}\.blocks", letters[name].error_message)
     for name in forged:
         assert letters[name].error_class is ErrorClass.PAYLOAD_FORBIDDEN, letters[name]
     assert secret.read_bytes() == b"not for the sink"
     assert not (tmp_path / "dataset" / "index").exists() or not any((tmp_path / "dataset" / "index").iterdir())
     # Dead-lettered objects are kept for inspection (the sweep removes them).
-    assert store.list("corrupt") != []
+    assert [key for key in _staged_keys(store) if key.startswith("corrupt.")] != []
 
 
 def test_a_sink_without_a_payload_store_stops_at_a_reference(kafka: KafkaSettings, tmp_path: Path) -> None:
@@ -112,3 +114,25 @@ def test_a_sink_without_a_payload_store_stops_at_a_reference(kafka: KafkaSetting
     assert sink.exited() == 1, sink.log_tail()
     assert "started without one: start it with the extractor's --payload-store" in sink.logs()
     assert committed(kafka, topics.blocks, "hsx-sink", 1)[0] < len(inline) + 1
+
+
+def test_the_sweep_deletes_only_old_staged_objects(kafka: KafkaSettings, tmp_path: Path) -> None:
+    """An extractor killed between upload and manifest leaves an object no manifest
+    names (and, on a file system, a temp file): the sweep deletes what is older than
+    --staged-max-age, nothing newer, nothing that is not staged."""
+    topics = fresh_topics(kafka, partitions=1)
+    staging = tmp_path / "staging"
+    store = open_storage(str(staging), create=True)
+    staged(store, "orphan-old")
+    staged(store, "orphan-new")
+    (staging / ".late.0123.blocks.a1b2c3.tmp").write_bytes(b"half an upload")
+    (staging / "notes.txt").write_bytes(b"not staged")
+    two_hours_ago = time.time() - 7200
+    for path in staging.iterdir():
+        if not path.name.startswith("orphan-new"):
+            os.utime(path, (two_hours_ago, two_hours_ago))
+    sink = run_sink(kafka, topics, tmp_path / "dataset", tmp_path, "sink", "--payload-store", str(staging),
+                    "--staged-max-age", "3600")
+    assert sink.exited() == 0, sink.log_tail()
+    left = sorted(p.name for p in staging.iterdir())
+    assert len(left) == 2 and left[0] == "notes.txt" and left[1].startswith("orphan-new."), left
