@@ -107,13 +107,13 @@ class PayloadReader:
         location = self.location(payload.key)
         ranges = [(b.offset or 0, (b.offset or 0) + b.compressed_nbytes) for b in manifest.blocks]
         try:
-            size = self._storage.size(payload.key)
-            if size < payload.nbytes:
-                return staged.reject(ErrorClass.PAYLOAD_CORRUPT, f"staged object {location} holds {size} bytes, "
-                                     f"its manifest {payload.nbytes}")
             blocks = self._storage.read_ranges(payload.key, ranges)
         except FileNotFoundError:
             return staged.reject(ErrorClass.PAYLOAD_MISSING, f"staged object {location} does not exist")
+        got = sum(len(b) for b in blocks)
+        if got != payload.nbytes:  # ranges past the end come back cut
+            return staged.reject(ErrorClass.PAYLOAD_CORRUPT, f"staged object {location} is shorter than its "
+                                 f"manifest says ({got} of {payload.nbytes} bytes)")
         return Assembler.complete(staged, [bytes(b) for b in blocks], location)
 
 

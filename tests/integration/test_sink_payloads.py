@@ -29,15 +29,18 @@ pytestmark = [pytest.mark.integration]
 
 
 def staged(store: Storage, request_id: str, key: str | None = None,
-           damage: bool = False) -> tuple[Record, torch.Tensor]:
+           damage: str | None = None) -> tuple[Record, torch.Tensor]:
     """A request's blocks staged as the extractor stages them, and its by-reference
-    manifest (``key``: a forged one instead; ``damage`` flips a byte of the object)."""
+    manifest (``key``: a forged one instead; ``damage``: ``flip`` a byte of the
+    object, or ``cut`` its end off)."""
     recs, hidden = records(request_id, tokens=11, per_block=4)
     manifest = Manifest.model_validate_json(recs[-1].value).by_reference()
     assert manifest.payload is not None
     data = bytearray(b"".join(r.value for r in recs[:-1]))
-    if damage:
+    if damage == "flip":
         data[-3] ^= 0xFF
+    elif damage == "cut":
+        del data[-100:]
     with store.open_atomic(manifest.payload.key) as out:
         out.write(bytes(data))
     if key is not None:
@@ -85,17 +88,19 @@ def test_missing_corrupt_and_forged_references_are_dead_letters(kafka: KafkaSett
     secret.write_bytes(b"not for the sink")
     missing, _ = staged(store, "missing")
     store.delete(Manifest.model_validate_json(missing.value).payload.key)  # type: ignore[union-attr]
-    corrupt, _ = staged(store, "corrupt", damage=True)
+    corrupt, _ = staged(store, "corrupt", damage="flip")
+    short, _ = staged(store, "short", damage="cut")
     forged = {name: staged(store, name, key)[0] for name, key in [
         ("forged-up", "../secret.blocks"), ("forged-other", f"victim.{'0' * 32}.blocks"), ("forged-abs", str(secret))]}
-    publish(kafka, topics.blocks, [missing, corrupt, *forged.values()])
+    publish(kafka, topics.blocks, [missing, corrupt, short, *forged.values()])
 
     sink = run_sink(kafka, topics, tmp_path / "dataset", tmp_path, "sink", "--payload-store", str(payload_store))
     assert sink.exited() == 0, sink.log_tail()
-    letters = {r.key().decode(): h for h, r in dead_letters(kafka, topics.blocks_dlq, expected=5)}
+    letters = {r.key().decode(): h for h, r in dead_letters(kafka, topics.blocks_dlq, expected=6)}
     assert letters["missing"].error_class is ErrorClass.PAYLOAD_MISSING
-    assert letters["corrupt"].error_class is ErrorClass.PAYLOAD_CORRUPT
-    for name in ("missing", "corrupt"):  # the message names the object
+    assert letters["corrupt"].error_class is letters["short"].error_class is ErrorClass.PAYLOAD_CORRUPT
+    assert "shorter than its manifest says" in letters["short"].error_message
+    for name in ("missing", "corrupt", "short"):  # the message names the object
         assert re.search(rf"{re.escape(str(payload_store))}/{name}\.[0-9a-f]{{32}}\.blocks", letters[name].error_message)
     for name in forged:
         assert letters[name].error_class is ErrorClass.PAYLOAD_FORBIDDEN, letters[name]

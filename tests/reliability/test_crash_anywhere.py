@@ -2,9 +2,13 @@
 engine processes) at random moments and restarted; the dataset still holds every
 prompt exactly once, with the hidden states of an uninterrupted run (and, for the
 prompts the verifier answers, the same answers: a retry regenerates them). The
-killed run's sink writes to S3 (the session's server) and stores byteplane-zstd,
-so both paths live through the kills too; the uninterrupted run writes raw
-shards to local disk.
+killed run sends its hidden states by reference (``--payload-store`` on the
+session's S3 server: kills land between uploads and manifests, and between
+shards and the staged objects' deletion), its sink writes to S3 and stores
+byteplane-zstd, so all of these paths live through the kills too; the
+uninterrupted run sends inline and writes raw shards to local disk. After the
+killed run, the only staged objects left are killed attempts' (no manifest names
+them), and a sweep removes those.
 
 ``HSX_RELIABILITY_PROMPTS`` / ``HSX_RELIABILITY_KILLS`` scale it up for soak runs
 (defaults 240 prompts, 3 kills of each service).
@@ -22,10 +26,15 @@ import pytest
 
 from hsx import models
 from hsx.dataset.reader import open_dataset
+from hsx.dataset.storage import open_storage
 from hsx.local.spawn import HsxService
 from hsx.local.topics import fresh_topics
 from hsx.reference import max_relative_error
-from hsx.runtime.settings import KafkaSettings
+from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.schemas import Manifest, staged_key
+from hsx.schemas.blocks import STAGED_SUFFIX
+from hsx.sink.payloads import StagedObjects
+from tests.drain import drain
 from tests.reliability.harness import (
     as_records, check_exactly_once, extract_args, index_counts, publish, record_figures, sink_args, text_prompts,
     wait_until,
@@ -52,7 +61,7 @@ def killed_run_limit(uninterrupted_s: float) -> float:
 
 def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], workdir: Path,
          kills: int, rng: random.Random, limit: float, codec: str = "raw",
-         output: str | None = None) -> tuple[str | Path, list[dict[str, object]], float]:
+         output: str | None = None, payload_store: str | None = None) -> tuple[str | Path, list[dict[str, object]], float]:
     """One pipeline run within ``limit`` seconds; each service is killed ``kills``
     times, each time at a random moment 0.5-4 s after it became ready. Returns the
     dataset, where the kills landed and how long the run took."""
@@ -60,10 +69,11 @@ def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], wo
     publish(kafka, topics.prompts, as_records(prompts))
     dataset: str | Path = output or workdir / "dataset"
     workdir.mkdir()
+    by_reference = ["--payload-store", payload_store] if payload_store else []
     services = [HsxService("extractor", extract_args(kafka, topics, model, f"x-{topics.prompts}") + [
-                    "--max-inflight", "16"], workdir),
+                    "--max-inflight", "16", *by_reference], workdir),
                 HsxService("sink", sink_args(kafka, topics, dataset, f"s-{topics.prompts}") + [
-                    "--dataset-codec", codec], workdir)]
+                    "--dataset-codec", codec, *by_reference], workdir)]
     left = {s.name: kills for s in services}
     kill_at: dict[str, float] = {}
     landed: list[dict[str, object]] = []
@@ -100,7 +110,23 @@ def _run(kafka: KafkaSettings, model: Path, prompts: list[dict[str, object]], wo
             if service.exited() is None:
                 service.kill()
     check_exactly_once(kafka, topics, dataset, {str(p['request_id']) for p in prompts})
+    if payload_store:
+        _check_staged_objects(kafka, topics, payload_store)
     return dataset, landed, took
+
+
+def _check_staged_objects(kafka: KafkaSettings, topics: TopicSettings, payload_store: str) -> None:
+    """Every staged object a manifest names was deleted (all are committed); what
+    is left are attempts whose manifest never went out (killed between upload and
+    manifest), and the sinks' sweep deletes those."""
+    store = open_storage(payload_store)
+    left = set(store.stale(STAGED_SUFFIX, older_than=-3600))  # every one, however new
+    named = {staged_key(m.request_id, m.attempt_id) for m in (
+        Manifest.model_validate_json(r.value()) for r in drain(kafka, topics.blocks, expected=10**9, timeout=10))}
+    assert not left & named, f"staged objects of committed manifests were not deleted: {sorted(left & named)}"
+    time.sleep(1.5)  # S3 keeps modification times in whole seconds
+    StagedObjects(store, max_age=1.0).sweep(time.monotonic())
+    assert store.stale(STAGED_SUFFIX, older_than=-3600) == []
 
 
 def _landing(service: HsxService, output: str | Path, elapsed: float) -> dict[str, object]:
@@ -127,12 +153,12 @@ def test_sigkill_extractor_and_sink_anywhere(kafka: KafkaSettings, tmp_path: Pat
     rng = random.Random(SEED)
     reference, _, uninterrupted_s = _run(kafka, model, prompts, tmp_path / "uninterrupted", kills=0, rng=rng,
                                          limit=UNINTERRUPTED_S)
-    # The killed run writes to S3 and keeps its hidden states compressed
-    # (byteplane-zstd, lossless): kills must not disturb either path, and it must
-    # read back as the raw local run's.
+    # The killed run sends by reference and writes to S3, keeping its hidden states
+    # compressed (byteplane-zstd, lossless): kills must not disturb any of these
+    # paths, and it must read back as the inline, raw, local run's.
     output, landed, killed_s = _run(kafka, model, prompts, tmp_path / "killed", kills=KILLS, rng=rng,
                                     limit=killed_run_limit(uninterrupted_s), codec="byteplane-zstd",
-                                    output=s3_dataset_url)
+                                    output=s3_dataset_url, payload_store=f"{s3_dataset_url}-staging")
 
     assert Counter(k["service"] for k in landed) == {"extractor": KILLS, "sink": KILLS}
     expected, actual = open_dataset(reference), open_dataset(output)
