@@ -143,16 +143,12 @@ class StagedObjects:
                 if tp not in marks:  # revoked (its last commit came first) or lost: the next owner's now
                     del self._waiting[tp]
                 continue
-            keep = []
-            for offset, key in waiting:
-                if offset >= committed:
-                    keep.append((offset, key))
-                    continue
-                try:
-                    self._storage.delete(key)  # type: ignore[union-attr]
-                except OSError as exc:
-                    log.warning("cannot delete staged object %s (the sweep will): %s", key, exc)
-            waiting[:] = keep
+            done = [key for offset, key in waiting if offset < committed]
+            waiting[:] = [(offset, key) for offset, key in waiting if offset >= committed]
+            try:
+                self._storage.delete_many(done)  # type: ignore[union-attr]
+            except OSError as exc:
+                log.warning("cannot delete %d staged object(s) (the sweep will): %s", len(done), exc)
 
     def sweep(self, now: float) -> None:
         """Every ``max_age / 4`` (at most hourly, at least a minute apart), delete
@@ -162,8 +158,7 @@ class StagedObjects:
         self._next_sweep = now + max(60.0, min(3600.0, self._max_age / 4))
         try:
             stale = self._storage.stale(STAGED_SUFFIX, self._max_age)
-            for key in stale:
-                self._storage.delete(key)
+            self._storage.delete_many(stale)
         except OSError as exc:
             log.warning("sweeping staged objects failed (next sweep later): %s", exc)
             return

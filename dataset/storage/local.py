@@ -81,6 +81,10 @@ class LocalStorage:
     def delete(self, relative: str) -> None:
         self.local_path(relative).unlink(missing_ok=True)
 
+    def delete_many(self, paths: Sequence[str]) -> None:
+        for relative in paths:
+            self.delete(relative)
+
 
 def _fsync(path: Path) -> None:
     """Flush a file or a folder (its entries) to disk."""

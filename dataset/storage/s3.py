@@ -157,6 +157,11 @@ class S3Storage:
         with self._translated("delete", relative):
             obstore.delete(self.store, _key(relative))
 
+    def delete_many(self, paths: Sequence[str]) -> None:
+        if paths:
+            with self._translated("delete", paths[0]):
+                obstore.delete(self.store, [_key(p) for p in paths])
+
     @contextmanager
     def _translated(self, operation: str, relative: str) -> Iterator[None]:
         """obstore's errors as hsx's: refused, unavailable, or (an absent object)
