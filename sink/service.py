@@ -4,8 +4,10 @@ Data flows one way: consume → reassemble and verify samples (per partition) �
 append to the partition's open shard → when the shard closes, the writer thread
 writes it durably, then its index, while the loop consumes on → publish one
 ``hidden_states.ready`` event per sample → once Kafka acknowledged them, the
-records are done → commit the partition's watermark. Duplicates (extractor retries, replays) are dropped; corrupt or
-incomplete samples go to the DLQ and never reach the dataset.
+records are done → commit the partition's watermark. By-reference manifests
+have their blocks read from the payload store first (:mod:`hsx.sink.payloads`).
+Duplicates (extractor retries, replays) are dropped; corrupt or incomplete
+samples go to the DLQ and never reach the dataset.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from confluent_kafka import Message
 
 from hsx.dataset.encoding import encode
 from hsx.dataset.sample import Sample
-from hsx.dataset.storage import Storage, StorageRefused, dataset_name, open_storage
+from hsx.dataset.storage import Storage, StorageRefused, dataset_name, open_payload_store, open_storage
 from hsx.runtime.errors import InvalidInput
 from hsx.runtime.kafka import RecordProducer, ensure_topics
 from hsx.runtime.kafka.config import MAX_MESSAGE_BYTES
@@ -64,7 +66,7 @@ class Sink:
             stall_timeout=options.stall_timeout,
         )
         if payloads is None and options.payload_store:
-            payloads = open_storage(options.payload_store, create=True)
+            payloads = open_payload_store(options.payload_store)
         self._payloads = PayloadReader(payloads, self.member.fail)
         self._staged = StagedObjects(payloads, options.staged_max_age)
         self._partitions: dict[TopicPartitionKey, PartitionState] = {}
@@ -148,8 +150,7 @@ class Sink:
         self._shards.republish(states)
 
     def lost(self, partitions: list[TopicPartitionKey]) -> None:
-        """The next owner replays what was not committed; only a write under way
-        is finished first, so that it cannot land beside the next owner's."""
+        """The next owner replays the rest; a write under way lands first, not beside its."""
         for key in partitions:
             if (state := self._partitions.pop(key, None)) is not None:
                 self._shards.wait(state)
@@ -175,6 +176,8 @@ class Sink:
         for stale in state.assembler.supersede(request_id):
             self._reject(state, stale)
         stored = state.stored_copy(self.storage, request_id, sample.manifest.token_ids)
+        if stored is None or stored.same_tokens:  # stored now or before: a staged object goes once committed
+            self._staged.add(state.key, sample)
         if stored is None:
             self._append(state, sample)
         elif stored.same_tokens:
@@ -190,7 +193,6 @@ class Sink:
         if not state.shard.accepts(sample):
             self._shards.close(state)
         state.shard.add(sample)
-        self._staged.add(state.key, sample)
         shard = state.shard
         if shard.nbytes >= self.options.max_shard_bytes or len(shard.samples) >= self.options.max_shard_samples:
             self._shards.close(state)
@@ -198,7 +200,6 @@ class Sink:
     def _drop_duplicate(self, state: PartitionState, sample: Sample, event: HiddenStatesReady | None) -> None:
         request_id = sample.manifest.request_id
         self.stats.add("duplicates")
-        self._staged.add(state.key, sample)
         log.info("duplicate of %s dropped (attempt %s)", request_id, sample.manifest.attempt_id,
                  extra=record_fields(request_id, state.topic, state.partition, sample.manifest_offset))
         if event is not None:
