@@ -22,7 +22,7 @@ from hsx.local.broker import free_port
 from hsx.local.topics import fresh_topic_settings
 from hsx.runtime.kafka import RecordProducer, ensure_topics
 from hsx.runtime.settings import KafkaSettings, TopicSettings
-from hsx.schemas import BlockRecordHeaders, Codec, RecordKind
+from hsx.schemas import BlockRecordHeaders, Codec, RecordKind, staged_key
 from hsx.schemas.connector import CompletionReport, ConnectorConfig, RequestParams
 from tests.engine_helpers import reassemble
 from tests.drain import drain
@@ -141,12 +141,12 @@ def test_a_failed_staging_is_reported_and_sends_no_manifest(kafka: KafkaSettings
     """The extractor retries such an attempt (not a refusal); the other attempts are unaffected."""
     address, socket = completions
     ensure_topics(kafka, topic_settings, [topic_settings.blocks])
-    (tmp_path / "staging").mkdir()
-    (tmp_path / "staging" / "broken").write_bytes(b"")  # where the attempt's folder would go
     config = _config(address, topic_settings.blocks, block_bytes=4096, payload_store=str(tmp_path / "staging"))
     sender = BlockSender(config, kafka, [1, 2, 4], CompletionSender(address))
     cache = torch.randn(20, LAYERS, BLOCK_SIZE, HIDDEN)
     jobs = {name: _job(name, 37, cache) for name in ("broken", "fine")}
+    params = jobs["broken"][0].params
+    (tmp_path / "staging" / staged_key(params["request_id"], params["attempt_id"])).mkdir()  # the object cannot land
     reports = _send_all(sender, jobs, cache, socket)
     assert reports["fine"].ok, reports["fine"]
     broken = reports["broken"]
