@@ -45,14 +45,11 @@ def reassemble(records: list[Message], payloads: Storage | None = None) -> dict[
         result = assemblers[record.partition()].add(
             Record(record.offset(), record.key(), record.value(), record.headers()))
         if isinstance(result, Staged):
-            result = PayloadReader(payloads, _no_store).fetch(result)
+            # fetch() itself raises NoPayloadStore when ``payloads`` is None; ``fail`` serves the sink's loop only.
+            result = PayloadReader(payloads, fail=lambda error: None).fetch(result)
         assert not isinstance(result, RejectedRecords), result
         if result is not None:
             m = result.manifest
             hidden = torch.frombuffer(bytearray(result.hidden_states), dtype=TORCH_DTYPES[m.dtype])
             samples[m.request_id].append(Sample(m, hidden.view(m.captured_tokens, len(m.layer_ids), m.hidden_size)))
     return samples
-
-
-def _no_store(error: BaseException) -> None:
-    raise AssertionError(f"by-reference records, and no payload store to read them from: {error}")

@@ -50,11 +50,13 @@ def open_storage(location: str | Path, *, create: bool = False, part_bytes: int 
 def open_payload_store(location: str) -> Storage:
     """The store ``--payload-store`` names, where hidden states are staged by
     reference: created when missing; a directory that cannot be is a
-    :class:`~hsx.runtime.errors.UsageError` naming the flag."""
+    :class:`~hsx.runtime.errors.UsageError` naming the flag. An object store's
+    errors stay as :func:`open_storage` raises them (an unavailable one is not a
+    usage error)."""
+    if is_object_store(location):
+        return open_storage(location)
     try:
         return open_storage(location, create=True)
-    except (StorageRefused, UsageError):
-        raise
     except OSError as exc:
         raise UsageError(f"--payload-store {location}: {exc}") from exc
 
