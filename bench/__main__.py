@@ -18,6 +18,9 @@ created under ``__main__`` and must not outlive their section):
 * ``bench.object_store``: the dataset in S3 (SeaweedFS on loopback) vs on local
   disk: sink throughput, one random sample, RSS of a 1 GiB shard's upload,
   reading it back.
+* ``bench.datapath``: the data path at GPU rates without an engine: inline,
+  by reference on S3, by reference on a directory; MB/s, CPU-seconds per GB of
+  each process, Kafka bytes per hidden-state byte, RSS; extrapolated to an H200.
 
     python -m bench [--quick] [--preload iomp|none] [--only SECTION ...]
 """
@@ -42,7 +45,7 @@ from bench import report
 from hsx.extractor.cpu_defaults import cpu_list
 from hsx.local.spawn import cpu_engine_env
 
-SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale", "dataset_codecs", "object_store"]
+SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale", "dataset_codecs", "object_store", "datapath"]
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -38,10 +38,15 @@ TARGETS = [
     ("one_pass_vs_plain_generation_ratio", 0.90, "generate-and-capture ÷ plain vLLM generation"),
     ("object_store_s3_write_rss_mib", 80.0, "peak RSS a 1 GiB shard's S3 upload adds over the open shard, MiB: "
      "five 16 MiB parts (at most)"),
+    ("datapath_s3_kafka_bytes_ratio", 0.01, "Kafka bytes per hidden-state byte, by reference on S3 (at most)"),
+    ("datapath_s3_cpu_s_per_gb_sink", 1.0, "sink CPU-s per GB of hidden states, byteplane-zstd shards by reference "
+     "on S3 (at most)"),
+    ("datapath_s3_cpu_s_per_gb_path", 2.0, "connector side + sink CPU-s per GB, by reference on S3 (at most)"),
 ]
 
 AT_MOST = {"rss_growth_10_to_100pct", "sink_scale_rss_bytes_per_sample", "sink_scale_load_s",
-           "object_store_s3_write_rss_mib"}
+           "object_store_s3_write_rss_mib", "datapath_s3_kafka_bytes_ratio", "datapath_s3_cpu_s_per_gb_sink",
+           "datapath_s3_cpu_s_per_gb_path"}
 """Targets that are upper bounds; the others are lower bounds."""
 
 

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from typing_extensions import Buffer
 
 from hsx.codecs.block import CorruptBlock, checksum, read_header
 from hsx.codecs.dataset import decode_sample, encode_fp8_sample, encode_sample
@@ -85,7 +86,7 @@ def _encode_fp8(sample: Sample, codec: DatasetCodec) -> Sample:
     return replace(kept, hidden_states=stored, checksum=checksum(raw))
 
 
-def _records_fit(records: list[bytes]) -> bool:
+def _records_fit(records: list[Buffer]) -> bool:
     """Whether the records, back to back, are a ``byteplane-zstd`` sample as
     they are: every one byte-plane coded, the first starting at row 0 (the
     assembler checked that they tile the rest in order)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from typing_extensions import Buffer
 
 from hsx.schemas import Manifest
 from hsx.schemas.dataset_codec import DatasetCodec
@@ -20,7 +21,7 @@ class Sample:
     hidden_states: bytes
     offsets: list[int]
     """Offsets of all its records (blocks and manifest) in the partition."""
-    records: list[bytes] = field(default_factory=list)
+    records: list[Buffer] = field(default_factory=list)
     """Its block records in manifest order, each verified: ``byteplane-zstd``
     keeps them instead of encoding again. Dropped once encoded."""
     codec: DatasetCodec = DatasetCodec.RAW

@@ -22,6 +22,8 @@ class ExtractorStats(Recorder):
     tokens: int = counted("Prompt tokens whose hidden states were sent")
     raw_bytes: int = counted("Hidden-state bytes before compression", metric="block_raw_bytes")
     compressed_bytes: int = counted("Hidden-state bytes after compression", metric="block_compressed_bytes")
+    kafka_bytes: int = counted("Bytes of the records produced to the blocks topic (keys, values, headers): "
+                               "block records and manifests inline, manifests alone by reference")
     dead_lettered: int = counted("Prompts sent to the DLQ", metric="dead_letters", label="error_class")
     retries: int = counted("Extraction attempts retried")
     first_prompt_at: float | None = None
@@ -40,6 +42,7 @@ class ExtractorStats(Recorder):
         self.add("tokens", report.num_tokens)
         self.add("raw_bytes", report.raw_bytes)
         self.add("compressed_bytes", report.compressed_bytes)
+        self.add("kafka_bytes", report.kafka_bytes)
         self.last_done_at = time.monotonic()
 
     @property
@@ -59,6 +62,7 @@ class ExtractorStats(Recorder):
             "tokens_per_second": round(self.tokens / seconds, 1) if seconds else 0.0,
             "raw_bytes": self.raw_bytes,
             "compressed_bytes": self.compressed_bytes,
+            "kafka_bytes": self.kafka_bytes,
             "dead_lettered": self.dead_lettered,
             "retries": self.retries,
         }

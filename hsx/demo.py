@@ -27,7 +27,7 @@ from hsx.local.broker import dev_bootstrap
 from hsx.local.s3server import LocalS3, dev_s3
 from hsx.producer.sources import read_jsonl
 from hsx.reference import HFReference, max_relative_error
-from hsx.run import RunPlan, run_pipeline, stopping_children_on_interrupt
+from hsx.run import STAGING, RunPlan, run_pipeline, stopping_children_on_interrupt
 from hsx.runtime.checks import writable_dir
 from hsx.runtime.errors import ExitCode, UsageError
 from hsx.summary import RunReport, render
@@ -106,7 +106,7 @@ def _check_output(output: Path) -> None:
     emptied, never a directory that holds anything of the user's."""
     writable_dir("--output", output)
     if output.is_dir():
-        foreign = sorted(p.name for p in output.iterdir() if p.name not in (*DATASET_FOLDERS, "logs", "seaweedfs"))
+        foreign = sorted(p.name for p in output.iterdir() if p.name not in (*DATASET_FOLDERS, "logs", STAGING, "seaweedfs"))
         if foreign:
             raise UsageError(f"--output {output}: holds {', '.join(foreign[:3])}, which is not an hsx dataset; "
                              "the demo empties its output, so choose another directory")

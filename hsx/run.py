@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import time
@@ -30,7 +31,7 @@ import psutil
 from tqdm import tqdm
 
 from hsx.dataset.reader import Dataset
-from hsx.dataset.storage import dataset_name, is_object_store, open_storage
+from hsx.dataset.storage import dataset_name, is_object_store, open_payload_store, open_storage
 from hsx.extractor.cli import add_model_arguments, as_argv, model_and_layers
 from hsx.ledger import Ledger, LedgerFeed
 from hsx.local.broker import EmbeddedBroker
@@ -54,6 +55,7 @@ LOST_AFTER_SECONDS = 120.0
 """Once the extractor has finished every prompt, how long the ready events and
 dead letters of the rest may take before they count as lost."""
 SINK_FLUSH_WHEN_IDLE = "2"
+STAGING = "staging"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +71,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how shards store hidden states, as hsx sink --dataset-codec (default raw)")
     parser.add_argument("--wire-dtype", choices=list(get_args(WireDType)), default="model",
                         help="what block records carry, as hsx extract --wire-dtype (default model: lossless)")
+    transport = parser.add_mutually_exclusive_group()
+    transport.add_argument("--payload-store", metavar="URL",
+                           help="where the extractor stages hidden states for the sink, as hsx extract/sink "
+                                "--payload-store: a directory or s3://BUCKET/PREFIX (default: a staging folder "
+                                "beside the dataset, emptied when the run is done)")
+    transport.add_argument("--inline", action="store_true",
+                           help="send hidden states through Kafka as block records instead of staging them")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(model_actions=add_model_arguments(parser))
 
@@ -96,6 +105,11 @@ class RunPlan:
     """The sink's ``--dataset-codec``."""
     wire_dtype: WireDType = "model"
     """The extractor's ``--wire-dtype``."""
+    payload_store: str | None = None
+    """Where hidden states are staged (the services' ``--payload-store``); by
+    default :attr:`staging`."""
+    inline: bool = False
+    """Hidden states through Kafka instead (no payload store)."""
 
     def __post_init__(self) -> None:
         model_dir("--model", self.model)
@@ -104,6 +118,8 @@ class RunPlan:
             open_storage(self.output)  # a wrong key or bucket refused now, not by the sink later
         else:
             writable_dir("--output", Path(self.output))
+        if self.payload_store is not None:
+            open_payload_store(self.payload_store)  # refused now, not by the services later
 
     @property
     def logs(self) -> Path:
@@ -115,6 +131,17 @@ class RunPlan:
             return Path("hsx-logs") / dataset_name(self.output)
         return Path(self.output) / "logs"
 
+    @property
+    def staging(self) -> str | None:
+        """The payload store, ``None`` inline. By default a folder of the run's own,
+        beside the dataset (``OUTPUT/staging``; for an object store, in the logs'
+        folder): nothing but this run's sink reads it, so it is emptied at the end."""
+        if self.inline:
+            return None
+        if self.payload_store is not None:
+            return self.payload_store
+        return str((self.logs if is_object_store(self.output) else Path(self.output)) / STAGING)
+
 
 def run(args: argparse.Namespace) -> int:
     lines, mapping, on_invalid = input_from_args(args)
@@ -125,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
     plan = RunPlan(model=Path(args.model), output=args.output, lines=lines, mapping=mapping, on_invalid=on_invalid,
                    engine_argv=as_argv(forwarded, args), bootstrap=args.bootstrap, partitions=args.partitions,
                    progress=not args.no_progress, connect_timeout=args.connect_timeout,
-                   dataset_codec=DatasetCodec(args.dataset_codec), wire_dtype=args.wire_dtype)
+                   dataset_codec=DatasetCodec(args.dataset_codec), wire_dtype=args.wire_dtype,
+                   payload_store=args.payload_store, inline=args.inline)
     try:
         with stopping_children_on_interrupt():
             report = run_pipeline(plan)
@@ -142,6 +170,10 @@ def run_pipeline(plan: RunPlan) -> RunReport:
     logs = plan.logs
     logs.mkdir(parents=True, exist_ok=True)
     existing = set(Dataset(open_storage(plan.output, create=True)).request_ids())
+    staging = plan.staging
+    transport = ["--payload-store", staging] if staging else []
+    if staging and plan.payload_store is None:
+        shutil.rmtree(staging, ignore_errors=True)  # an interrupted run's: no manifest of this run names them
     with _broker(plan.bootstrap) as bootstrap:
         kafka = KafkaSettings(bootstrap=bootstrap)
         topic_settings = _topics(plan.partitions)
@@ -153,9 +185,9 @@ def run_pipeline(plan: RunPlan) -> RunReport:
         group = f"hsx-run-{uuid.uuid4().hex[:8]}"
         sink = HsxService("sink", sink_command(bootstrap, topic_settings, plan.output, "--flush-when-idle",
                                                SINK_FLUSH_WHEN_IDLE, "--dataset-codec", plan.dataset_codec.value,
-                                               group=f"{group}-sink"), logs, stats=True)
+                                               *transport, group=f"{group}-sink"), logs, stats=True)
         extractor = HsxService("extractor", extract_command(bootstrap, topic_settings, plan.model, *plan.engine_argv,
-                                                            "--wire-dtype", plan.wire_dtype,
+                                                            "--wire-dtype", plan.wire_dtype, *transport,
                                                             group=f"{group}-extractor", engine_flags=()),
                                logs, stats=True)
         started = time.monotonic()
@@ -180,7 +212,10 @@ def run_pipeline(plan: RunPlan) -> RunReport:
                 if service.proc is not None and service.exited() is None:
                     service.kill()
     extracted, sunk = ({} if s.proc is None else s.read_stats() for s in (extractor, sink))  # started this run
-    return RunReport(plan.output, published, ledger, extracted, sunk, time.monotonic() - started, failures)
+    if staging and plan.payload_store is None and not failures:
+        shutil.rmtree(staging, ignore_errors=True)  # the sink deleted what it stored; the rest no manifest names
+    return RunReport(plan.output, published, ledger, extracted, sunk, time.monotonic() - started, failures,
+                     payload_store=staging)
 
 
 @contextlib.contextmanager

@@ -24,6 +24,8 @@ class RunReport:
     wall_seconds: float
     failures: list[str] = field(default_factory=list)
     """Services that did not finish cleanly, and why."""
+    payload_store: str | None = None
+    """Where hidden states were staged; ``None``: inline, through Kafka."""
 
     @property
     def lost(self) -> set[str]:
@@ -50,6 +52,7 @@ class RunReport:
         samples = ledger.samples
         tokens = sum(ledger.ready[r].num_tokens for r in samples)
         raw, stored = self.sunk.get("raw_bytes", 0), self.stored_bytes()
+        kafka, done_tokens = self.extracted.get("kafka_bytes", 0), self.extracted.get("tokens", 0)
         by_class = ", ".join(f"{c} {n}" for c, n in sorted(ledger.dead_letters_by_class().items()))
         rows = [
             ("prompts published", f"{summary.sent}"),
@@ -60,6 +63,9 @@ class RunReport:
             ("dead letters", f"{len(ledger.failed)}" + (f" ({by_class})" if by_class else "")),
             ("lost", f"{len(self.lost)}"),
             ("hidden-state bytes raw → stored", f"{raw:,} → {stored:,}" + (f" ({raw / stored:.2f}x)" if stored else "")),
+            ("transport", f"by reference, staged in {self.payload_store}" if self.payload_store
+             else "inline (block records through Kafka)"),
+            ("Kafka bytes per token (blocks topic)", f"{kafka / done_tokens:,.1f}" if done_tokens else "–"),
             ("extraction tokens/s", f"{self.extracted.get('tokens_per_second', 0.0):.0f}"),
             ("wall time", f"{self.wall_seconds:.0f} s"),
         ]

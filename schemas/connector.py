@@ -108,3 +108,6 @@ class CompletionReport(StrictModel):
     num_tokens: NonNegativeInt = 0
     raw_bytes: NonNegativeInt = 0
     compressed_bytes: NonNegativeInt = 0
+    kafka_bytes: NonNegativeInt = 0
+    """Bytes of the records the attempt put on the blocks topic (keys, values,
+    headers): the blocks and the manifest inline, the manifest alone by reference."""

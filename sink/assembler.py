@@ -19,11 +19,13 @@ block records.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
 from pydantic import ValidationError
+from typing_extensions import Buffer
 
 from hsx.codecs.block import CorruptBlock, decode_block
 from hsx.codecs.fp8_blocks import fp8_rows
@@ -122,7 +124,7 @@ class Assembler:
         return _sample(manifest, {i: r.value for i, r in pending.blocks.items()}, offsets, record.value)
 
     @staticmethod
-    def complete(staged: Staged, blocks: list[bytes], location: str) -> Sample | RejectedRecords:
+    def complete(staged: Staged, blocks: Sequence[Buffer], location: str) -> Sample | RejectedRecords:
         """The sample of a by-reference manifest from its blocks' values, as read
         from the staged object at ``location``; a block that does not verify is
         ``payload_corrupt`` naming it."""
@@ -159,7 +161,7 @@ _Part = tuple[bytes, np.ndarray | None, np.ndarray | None]
 """A verified block: its raw bytes, and for fp8 its codes and scales."""
 
 
-def _sample(manifest: Manifest, blocks: dict[int, bytes], offsets: list[int],
+def _sample(manifest: Manifest, blocks: dict[int, Buffer], offsets: list[int],
             manifest_value: bytes) -> Sample | RejectedRecords:
     """The sample the manifest vouches for, from its blocks' values by index."""
     try:
@@ -174,7 +176,7 @@ def _sample(manifest: Manifest, blocks: dict[int, bytes], offsets: list[int],
     return Sample(manifest, b"", offsets, records, fp8=(codes, scales))
 
 
-def _verified_parts(manifest: Manifest, blocks: dict[int, bytes]) -> list[_Part]:
+def _verified_parts(manifest: Manifest, blocks: dict[int, Buffer]) -> list[_Part]:
     missing = [b.index for b in manifest.blocks if b.index not in blocks]
     if missing:
         raise InvalidInput(ErrorClass.INCOMPLETE_SAMPLE, f"manifest lists blocks {missing} that never arrived")

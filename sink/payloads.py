@@ -114,7 +114,7 @@ class PayloadReader:
         if got != payload.nbytes:  # ranges past the end come back cut
             return staged.reject(ErrorClass.PAYLOAD_CORRUPT, f"staged object {location} is shorter than its "
                                  f"manifest says ({got} of {payload.nbytes} bytes)")
-        return Assembler.complete(staged, [bytes(b) for b in blocks], location)
+        return Assembler.complete(staged, blocks, location)  # views of what was read: no copy
 
 
 class StagedObjects:

@@ -206,14 +206,16 @@ class BlockSender:
         """Queue one record of ``transfer``; ``False`` (nothing queued, the
         transfer stalled) when librdkafka's local queue is full. Called with
         ``transfer.lock`` held, which the delivery reports need: never waits."""
+        key, kafka_headers = transfer.params.request_id.encode(), headers.to_kafka()
         queued = self._producer.produce(
-            self._config.blocks_topic, value, transfer.params.request_id.encode(), headers.to_kafka(),
+            self._config.blocks_topic, value, key, kafka_headers,
             on_acked=lambda t=transfer: self._acked(t),
             wait_for_room=False,
             on_refused_record=lambda refusal, t=transfer: self._refused(t, refusal),
         )
         if queued:
             transfer.unacked += 1
+            transfer.kafka_bytes += len(key) + len(value) + sum(len(k) + len(v) for k, v in kafka_headers)
         else:
             with self._lock:
                 self._stalled[transfer] = None
@@ -265,6 +267,7 @@ class BlockSender:
             num_tokens=transfer.gathered.tensor.shape[0],
             raw_bytes=transfer.raw_bytes,
             compressed_bytes=transfer.compressed_bytes,
+            kafka_bytes=transfer.kafka_bytes,
         )
         if transfer.error:
             log.error("transfer of %s failed: %s", transfer.params.request_id, transfer.error)

@@ -34,6 +34,8 @@ class Transfer:
     manifest_sent: bool = False
     completed: bool = False
     compressed_bytes: int = 0
+    kafka_bytes: int = 0
+    """Of the records queued: keys, values and headers."""
     error: str | None = None
     refused: bool = False
     """Kafka refused one of its records: fatal for the extractor, not retried."""

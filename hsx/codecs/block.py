@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import struct
 import threading
-import zlib
 from typing import TypeVar
 
 from typing_extensions import Buffer
@@ -26,6 +25,7 @@ from typing_extensions import Buffer
 import numpy as np
 import orjson
 import zstandard
+from isal import isal_zlib
 from pydantic import BaseModel, ValidationError
 
 from hsx.schemas.blocks import FRAME_PREFIX, MAGIC, MAX_HEADER_BYTES, BlockHeader, Codec, DType, Segment
@@ -75,7 +75,7 @@ def checksum(*parts: Buffer) -> str:
     back to back (without joining them)."""
     crc = 0
     for part in parts:
-        crc = zlib.crc32(part, crc)
+        crc = isal_zlib.crc32(part, crc)
     return f"crc32:{crc & 0xFFFFFFFF:08x}"
 
 

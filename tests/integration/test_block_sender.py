@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 import torch
 import zmq
+from confluent_kafka import Message
 
 from hsx.dataset.storage import open_storage
 from hsx.extractor.completion import CompletionSender
@@ -73,6 +75,12 @@ def _wait_finished(sender: BlockSender, expected: set[str], timeout: float = 30.
     return finished
 
 
+def _record_bytes(records: Iterable[Message]) -> int:
+    """What the records weigh on the topic: keys, values and headers."""
+    return sum(len(r.key() or b"") + len(r.value() or b"") + sum(len(k) + len(v or b"") for k, v in r.headers() or [])
+               for r in records)
+
+
 def _send_all(sender: BlockSender, jobs: dict, cache: torch.Tensor, socket) -> dict:  # type: ignore[no-untyped-def]
     """Submit every job, collect one report each (by request id), check vLLM may
     free every request's blocks, and close the sender."""
@@ -98,8 +106,10 @@ def test_sends_bit_exact_blocks_then_manifest(dtype: torch.dtype, kafka: KafkaSe
     jobs = {name: _job(name, tokens, cache) for name, tokens in (("one", 1), ("mid", 37), ("many", 70))}
     reports = _send_all(sender, jobs, cache, socket)
     assert all(r.ok and r.error is None for r in reports.values())
-    samples = reassemble(drain(kafka, topic_settings.blocks, expected=1, settle=2.0))
+    on_topic = drain(kafka, topic_settings.blocks, expected=1, settle=2.0)
+    samples = reassemble(on_topic)
     for name, (job, expected) in jobs.items():
+        assert reports[name].kafka_bytes == _record_bytes(r for r in on_topic if r.key() == name.encode())
         (sample,) = samples[name]
         assert torch.equal(sample.hidden_states.view(torch.uint8), expected.contiguous().view(torch.uint8))
         row_bytes = LAYERS * HIDDEN * expected.element_size()
@@ -134,6 +144,7 @@ def test_by_reference_stages_the_blocks_and_sends_only_the_manifest(
         assert sample.manifest.payload is not None and len(sample.manifest.blocks) > (name == "many")
         assert payloads.size(sample.manifest.payload.key) == sample.manifest.payload.nbytes
         assert reports[name].compressed_bytes == sample.manifest.payload.nbytes
+        assert reports[name].kafka_bytes == _record_bytes(r for r in on_topic if r.key() == name.encode())
 
 
 def test_a_failed_staging_is_reported_and_sends_no_manifest(kafka: KafkaSettings, topic_settings: TopicSettings,

@@ -1,6 +1,7 @@
 """``hsx run`` from a plain shell (no ``VLLM_*`` or ``HSX_*`` variables): the
 whole pipeline on its own embedded broker, finished by accounting rather than
-idle timeouts, resumed on the same output, with dead letters reported."""
+idle timeouts, resumed on the same output, with dead letters reported; by
+reference by default (a staging folder beside the dataset), inline on request."""
 
 from __future__ import annotations
 
@@ -59,18 +60,27 @@ def test_run_extracts_resumes_and_reports_dead_letters(tmp_path: Path) -> None:
     sample = dataset["run-1"]
     reference = HFReference(model).hidden_states(sample["token_ids"].tolist(), dataset.event("run-1").layer_ids)
     assert max_relative_error(sample["hidden_states"], reference) <= 1e-4
+    # By default the hidden states go by reference through a staging folder beside
+    # the dataset, emptied at the end: Kafka carried manifests only.
+    row_bytes = sample["hidden_states"][0].numel() * sample["hidden_states"].element_size()
+    assert _row(first.stdout, "transport") == f"by reference, staged in {output / 'staging'}"
+    assert not (output / "staging").exists()
+    assert float(_row(first.stdout, "Kafka bytes per token (blocks topic)").replace(",", "")) < 0.05 * row_bytes
 
     # The same output again: the first six are skipped, two new ones are added, and
     # one prompt longer than --max-model-len is dead-lettered (so the run fails). This
     # run sends fp8 and stores byteplane-zstd (dequantized): the dataset mixes codecs.
     too_long = {"request_id": "run-long", "token_ids": list(range(5, 400))}
     second = _hsx_run(tmp_path, "second", _prompts(range(8)) + [too_long], output, model,
-                      "--wire-dtype", "fp8", "--dataset-codec", "byteplane-zstd")
+                      "--wire-dtype", "fp8", "--dataset-codec", "byteplane-zstd", "--inline")
     assert second.returncode == 1, second.stdout + second.stderr[-4000:]
     assert _row(second.stdout, "skipped (already in the dataset)") == "6"
     assert _row(second.stdout, "samples written") == "2"
     assert _row(second.stdout, "dead letters") == "1 (prompt_too_long 1)"
     assert _row(second.stdout, "lost") == "0"
+    assert _row(second.stdout, "transport") == "inline (block records through Kafka)"
+    # fp8 codes, a byte an element, plus a scale per token and layer, crossed Kafka.
+    assert float(_row(second.stdout, "Kafka bytes per token (blocks topic)").replace(",", "")) > 0.2 * row_bytes
     counts = Counter(e.request_id for index in read_indexes(LocalStorage(output)) for e in index.events)
     assert counts == Counter({f"run-{i}": 1 for i in range(8)})
     mixed = open_dataset(output)

@@ -1,0 +1,80 @@
+"""The benchmarks page's section on the data path at GPU rates
+(:mod:`bench.datapath`): three transports side by side, then what each needs
+for one H200 and an 8-GPU node, with the arithmetic."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from bench.report import Block, Bullets, Cells, Results, Table, When
+
+TRANSPORTS = ("inline", "s3", "directory")
+HEADER = ("", "inline (block records)", "by reference, S3", "by reference, directory")
+
+
+def _row(label: str, figure: str, conversion: str = "") -> Cells:
+    return (label, *(f"{{datapath_{t}_{figure}{conversion}}}" for t in TRANSPORTS))
+
+
+def _measured(_r: Results) -> Iterator[Cells]:
+    yield _row("hidden-state MB/s (median)", "mb_s")
+    yield _row("per round", "mb_s_rounds", "!s")
+    yield _row("CPU-s per GB: connector side", "cpu_s_per_gb_connector")
+    yield _row("CPU-s per GB: sink", "cpu_s_per_gb_sink")
+    yield _row("CPU-s per GB: **path** (connector side + sink)", "cpu_s_per_gb_path")
+    yield _row("CPU-s per GB: broker (tansu)", "cpu_s_per_gb_broker")
+    yield _row("CPU-s per GB: S3 server (SeaweedFS)", "cpu_s_per_gb_s3")
+    yield _row("Kafka bytes per hidden-state byte", "kafka_bytes_ratio")
+    yield _row("Kafka bytes per token", "kafka_bytes_per_token")
+    yield _row("Kafka records", "kafka_records")
+    yield _row("hidden-state bytes ÷ bytes sent (codec)", "codec_ratio")
+    yield _row("connector side's RSS growth, MiB", "connector_rss_growth_mib")
+    yield _row("sink's peak RSS, MiB", "sink_rss_peak_mib")
+    yield _row("broker's RSS growth (the round's retention), MiB", "broker_rss_growth_mib")
+    yield _row("S3 server's peak RSS, MiB", "s3_rss_peak_mib")
+    yield _row("staged objects left after the finish", "staged_left")
+
+
+def _extrapolated(_r: Results) -> Iterator[Cells]:
+    yield _row("connector-side cores = CPU-s/GB × 0.885 GB/s", "h200_cores_connector")
+    yield _row("sink cores", "h200_cores_sink")
+    yield _row("path cores (connector side + sink)", "h200_cores_path")
+    yield _row("broker cores (tansu, not Kafka: indicative)", "h200_cores_broker")
+    yield _row("S3 server cores", "h200_cores_s3")
+    yield _row("broker in, MB/s = Kafka bytes per byte × 885", "h200_broker_mb_s")
+    yield _row("**node**: path cores (× 8)", "node_cores_path")
+    yield _row("**node**: broker in, MB/s (× 8)", "node_broker_mb_s")
+    yield _row("**node**: broker writes with 3 replicas, MB/s", "node_broker_write_mb_s")
+    yield _row("**node**: one hour's retention × 3 replicas, TB", "node_retention_tb")
+
+
+DATAPATH: tuple[Block, ...] = (When("datapath_inline_mb_s", (
+    "## The data path at GPU rates (`python -m bench.datapath`)",
+    "No engine: SmolLM2-135M's hidden states (HF transformers on the demo prompts, the EAGLE-3 default layers, "
+    "bfloat16, {datapath_row_bytes} bytes a token) replayed as {datapath_requests} requests of 256–2,048 tokens "
+    "({datapath_gb_per_round} GB a round) through the connector's real send path in a process of its own "
+    "(`BlockSender`, fed whenever its in-flight budget has room, as vLLM's worker does; the connector's defaults: "
+    "byteplane-zstd level 1, 1 MiB blocks, 2 compression threads, 512 MiB in flight), into a real `hsx sink` writing "
+    "`--dataset-codec byteplane-zstd` shards to local disk. Three transports, {datapath_rounds} rounds interleaved "
+    "(each goes first once in three), each round with fresh topics, dataset and staging place: **inline** (block "
+    "records on the embedded broker), **by reference on S3** (`--payload-store s3://…`, SeaweedFS on loopback) and "
+    "**by reference on a directory** (`--payload-store DIR`). Timed from the first request submitted to the sink's "
+    "last ready event; CPU is each process's user + system time over that window; Kafka bytes are every record on "
+    "the blocks and ready topics (key, value, headers), read back after the round. Medians over rounds.",
+    Table(HEADER, _measured),
+    "**At GPU rates.** One H200 prefilling Qwen3-8B at 27,000 tokens/s with 4 layers × 4,096 bfloat16 (32 KiB a "
+    "token) makes {datapath_h200_mb_s} MB/s of hidden states; a node has {datapath_gpus_per_node} of them. Cores "
+    "are CPU-seconds per GB × 0.885 GB/s; the broker's bandwidth is Kafka bytes per hidden-state byte × 885 MB/s "
+    "(by reference an upper bound: a manifest's token ids weigh 7× less against Qwen3-8B's 32 KiB rows than "
+    "against SmolLM2's 4.5 KiB), replicated 3 times, kept one hour.",
+    Table(("one H200 at 885 MB/s", *HEADER[1:]), _extrapolated),
+    Bullets((
+        "Inline, the brokers carry every compressed hidden-state byte three times and keep an hour of it: "
+        "{datapath_inline_node_retention_tb} TB per node. By reference they carry manifests: "
+        "{datapath_s3_node_retention_tb} TB per node, and the sink's lag is no longer bounded by Kafka's retention "
+        "(staged objects wait in the object store, swept after `--staged-max-age`).",
+        "The CPU the path needs outside the engine is the connector's compression (byteplane-zstd, which the "
+        "sink then stores without decoding) plus the sink's checksums and shard writes; by reference the sink also "
+        "reads the staged object back.",
+    )),
+)),)
