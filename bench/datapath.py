@@ -96,7 +96,7 @@ def load(spec: dict[str, Any]) -> dict[str, Any]:
     me = psutil.Process()
     with Peak() as peak:
         started = time.time()
-        cpu = sum(me.cpu_times()[:2])
+        before = me.cpu_times()
         submitted = done = compressed = 0
         while done < len(plan):
             while submitted < len(plan) and sender.has_room(plan[submitted][1] * row_bytes):
@@ -114,10 +114,11 @@ def load(spec: dict[str, Any]) -> dict[str, Any]:
                 done += 1
                 compressed += report.compressed_bytes
             sender.take_finished()
-        cpu = sum(me.cpu_times()[:2]) - cpu
+        after = me.cpu_times()
     sender.close()
     socket.close(linger=0)
-    return {"started": started, "cpu_s": cpu, "rss_growth": peak.growth, "compressed_bytes": compressed}
+    return {"started": started, "cpu_s": after.user + after.system - before.user - before.system,
+            "cpu_kernel_s": after.system - before.system, "rss_growth": peak.growth, "compressed_bytes": compressed}
 
 
 # -- the round's services ------------------------------------------------------------------------
@@ -154,8 +155,10 @@ def plan(total_bytes: int, row_bytes: int, available: int, seed: int) -> list[tu
     return out
 
 
-def cpu_seconds(pid: int) -> float:
-    return sum(psutil.Process(pid).cpu_times()[:2])
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system (kernel) CPU seconds of a process so far."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user, times.system
 
 
 def peak_rss(pid: int) -> int:
@@ -282,7 +285,8 @@ def run_round(transport: str, work: Path, broker: Any, s3: Any, env: dict[str, s
                     raise RuntimeError(f"{transport}: load exited {loader.poll()}, sink {sink.exited()}:\n"
                                        f"{sink.log_tail()}")
         ended = time.time()
-        cpu = {name: cpu_seconds(pid) - before for (name, pid), before in zip(pids.items(), cpu.values())}
+        cpu = {name: tuple(now - then for now, then in zip(cpu_seconds(pid), before))
+               for (name, pid), before in zip(pids.items(), cpu.values())}
         figures = {"broker_rss_growth": psutil.Process(broker.pid).memory_info().rss - broker_rss,
                    "sink_rss_peak": peak_rss(sink.pid), "s3_rss_peak": peak_rss(s3.pid)}
         if loader.wait(120) != 0 or sink.stop() != 0:
@@ -292,7 +296,9 @@ def run_round(transport: str, work: Path, broker: Any, s3: Any, env: dict[str, s
     blocks, ready = topic_bytes(broker.bootstrap, topics.blocks), topic_bytes(broker.bootstrap, topics.ready)
     figures |= {
         "seconds": ended - loaded["started"], "raw_bytes": raw, "compressed_bytes": loaded["compressed_bytes"],
-        "cpu_connector": loaded["cpu_s"], **{f"cpu_{name}": seconds for name, seconds in cpu.items()},
+        "cpu_connector": loaded["cpu_s"], "cpu_connector_kernel": loaded["cpu_kernel_s"],
+        **{f"cpu_{name}": sum(seconds) for name, seconds in cpu.items()},
+        **{f"cpu_{name}_kernel": seconds[1] for name, seconds in cpu.items()},
         "connector_rss_growth": loaded["rss_growth"], "kafka_records": blocks[0] + ready[0],
         "kafka_bytes": blocks[1] + ready[1], "staged_left": staged_left(store),
     }
@@ -327,6 +333,7 @@ def summarize(transport: str, rounds: list[dict[str, float]], tokens: int) -> di
     for name in processes:
         per_gb = median(f"cpu_{name}") / gb
         out[f"{p}_cpu_s_per_gb_{name}"] = round(per_gb, 3)
+        out[f"{p}_cpu_s_per_gb_{name}_kernel"] = round(median(f"cpu_{name}_kernel") / gb, 3)
         out[f"{p}_h200_cores_{name}"] = round(per_gb * H200_MB_S / 1e3, 2)
     out[f"{p}_cpu_s_per_gb_path"] = round(out[f"{p}_cpu_s_per_gb_connector"] + out[f"{p}_cpu_s_per_gb_sink"], 3)
     broker_mb_s = out[f"{p}_kafka_bytes_ratio"] * H200_MB_S

@@ -19,7 +19,8 @@ block records.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,7 +28,7 @@ import orjson
 from pydantic import ValidationError
 from typing_extensions import Buffer
 
-from hsx.codecs.block import CorruptBlock, decode_block
+from hsx.codecs.block import CorruptBlock, decode_block, read_header
 from hsx.codecs.fp8_blocks import fp8_rows
 from hsx.dataset.sample import Sample
 from hsx.runtime.errors import InvalidInput
@@ -157,38 +158,30 @@ class Assembler:
                         sorted(r.offset for r in pending.blocks.values()), request_id)
 
 
-_Part = tuple[bytes, np.ndarray | None, np.ndarray | None]
-"""A verified block: its raw bytes, and for fp8 its codes and scales."""
-
-
 def _sample(manifest: Manifest, blocks: dict[int, Buffer], offsets: list[int],
             manifest_value: bytes) -> Sample | RejectedRecords:
     """The sample the manifest vouches for, from its blocks' values by index."""
     try:
-        parts = _verified_parts(manifest, blocks)
+        _check_headers(manifest, blocks)
+        records = [blocks[ref.index] for ref in manifest.blocks]
+        if manifest.quantization is None:
+            return Sample(manifest, _decoded(manifest, records), offsets, records)
+        return Sample(manifest, b"", offsets, records, fp8=_fp8_decoded(manifest, records))
     except InvalidInput as exc:
         return RejectedRecords(exc.error_class, exc.reason, offsets, manifest.request_id, manifest_value)
-    records = [blocks[ref.index] for ref in manifest.blocks]
-    if manifest.quantization is None:
-        return Sample(manifest, b"".join(p[0] for p in parts), offsets, records)
-    codes = np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
-    scales = np.concatenate([p[2] for p in parts]) if len(parts) > 1 else parts[0][2]
-    return Sample(manifest, b"", offsets, records, fp8=(codes, scales))
 
 
-def _verified_parts(manifest: Manifest, blocks: dict[int, Buffer]) -> list[_Part]:
+def _check_headers(manifest: Manifest, blocks: dict[int, Buffer]) -> None:
+    """Every block the manifest lists is there, and its header agrees with it."""
     missing = [b.index for b in manifest.blocks if b.index not in blocks]
     if missing:
         raise InvalidInput(ErrorClass.INCOMPLETE_SAMPLE, f"manifest lists blocks {missing} that never arrived")
     extra = sorted(set(blocks) - {b.index for b in manifest.blocks})
     if extra:
         raise InvalidInput(ErrorClass.INCOMPLETE_SAMPLE, f"blocks {extra} are not in the manifest")
-    parts = []
     for ref in manifest.blocks:
-        try:
-            header, raw = decode_block(blocks[ref.index])
-        except CorruptBlock as exc:
-            raise InvalidInput(ErrorClass.CORRUPT_BLOCK, f"block {ref.index}: {exc}") from exc
+        with _corrupt(ref.index):
+            header, _ = read_header(blocks[ref.index])
         expected_shape = (ref.token_end - ref.token_start, len(manifest.layer_ids), manifest.hidden_size)
         if (header.token_start, header.token_end, header.checksum) != (ref.token_start, ref.token_end, ref.checksum):
             raise InvalidInput(ErrorClass.CORRUPT_BLOCK, f"block {ref.index} does not match the manifest's token range or checksum")
@@ -198,12 +191,37 @@ def _verified_parts(manifest: Manifest, blocks: dict[int, Buffer]) -> list[_Part
         if header.quantization != manifest.quantization:
             raise InvalidInput(ErrorClass.CORRUPT_BLOCK, f"block {ref.index} holds {header.quantization or 'unquantized'} "
                                                       f"rows, the manifest says {manifest.quantization or 'unquantized'}")
-        if header.quantization is None:
-            parts.append((raw, None, None))
-            continue
-        try:
-            codes, scales = fp8_rows(header, raw)
-        except CorruptBlock as exc:
-            raise InvalidInput(ErrorClass.CORRUPT_BLOCK, f"block {ref.index}: {exc}") from exc
-        parts.append((b"", codes, scales))
-    return parts
+
+
+def _decoded(manifest: Manifest, records: list[Buffer]) -> bytearray:
+    """The sample's raw bytes: each block decoded (its checksum verified) straight
+    into its rows of one buffer. Allocated once every header agreed with the
+    manifest, so its size is what the blocks claim."""
+    row = len(manifest.layer_ids) * manifest.hidden_size * manifest.dtype.itemsize
+    raw = bytearray(manifest.captured_tokens * row)
+    rows = memoryview(raw)
+    first = manifest.first_captured
+    for ref, record in zip(manifest.blocks, records):
+        with _corrupt(ref.index):
+            decode_block(record, out=rows[(ref.token_start - first) * row:(ref.token_end - first) * row])
+    return raw
+
+
+def _fp8_decoded(manifest: Manifest, records: list[Buffer]) -> tuple[np.ndarray, np.ndarray]:
+    """An fp8 sample's codes ``[T, L, H]`` and scales ``[T, L]``, its blocks' back to back."""
+    parts = []
+    for ref, record in zip(manifest.blocks, records):
+        with _corrupt(ref.index):
+            parts.append(fp8_rows(*decode_block(record)))
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate([codes for codes, _ in parts]), np.concatenate([scales for _, scales in parts])
+
+
+@contextmanager
+def _corrupt(index: int) -> Iterator[None]:
+    """A :class:`CorruptBlock` inside is block ``index``'s ``corrupt_block``."""
+    try:
+        yield
+    except CorruptBlock as exc:
+        raise InvalidInput(ErrorClass.CORRUPT_BLOCK, f"block {index}: {exc}") from exc

@@ -173,10 +173,14 @@ def frame(magic: bytes, header: BaseModel, parts: list[Buffer]) -> bytes:
     return b"".join([FRAME_PREFIX.pack(magic, len(header_bytes)), header_bytes, *parts])
 
 
-def decode_block(value: Buffer) -> tuple[BlockHeader, bytes]:
+def decode_block(value: Buffer, out: memoryview | None = None) -> tuple[BlockHeader, Buffer]:
     """Decode a record to its header and raw bytes, verifying sizes and checksum.
-    Raises :class:`CorruptBlock` on any mismatch."""
+    Raises :class:`CorruptBlock` on any mismatch. With ``out`` (writable, unquantized
+    blocks only), the raw bytes are decoded into it, which they must fill, and ``out``
+    is returned: a sample's blocks decode into its one buffer, copied never."""
     header, payload = read_header(value)
+    if out is not None and (out.nbytes != header.raw_nbytes or header.quantization is not None):
+        raise CorruptBlock(f"the block holds {header.raw_nbytes} raw bytes, {out.nbytes} were expected")
     if sum(s.nbytes for s in header.segments) != payload.nbytes:
         raise CorruptBlock(f"payload is {payload.nbytes} bytes, header says {sum(s.nbytes for s in header.segments)}")
     if header.quantization is not None:
@@ -186,15 +190,23 @@ def decode_block(value: Buffer) -> tuple[BlockHeader, bytes]:
     if len(header.segments) != expected_planes:
         what = f"codec {header.codec.value}" + (f" with {header.quantization}" if header.quantization else "")
         raise CorruptBlock(f"{len(header.segments)} segments for {what}, expected {expected_planes}")
+    raw: Buffer
     if header.quantization is not None:
         raw = _decode_parts(header, payload)
     elif header.codec is Codec.BYTEPLANE_ZSTD:
-        raw = _decode_planes(header, payload)
+        raw = _decode_planes(header, payload, out)
     elif header.segments[0].encoding == "raw":
         _check_raw(payload, header.raw_nbytes)
-        raw = bytes(payload)  # the caller gets bytes of its own, not a view of the record
-    else:
+        if out is None:
+            raw = bytes(payload)  # the caller gets bytes of its own, not a view of the record
+        else:
+            out[:] = payload
+            raw = out
+    elif out is None:
         raw = _decompress(payload, header.raw_nbytes)
+    else:
+        _decompress_into(payload, np.frombuffer(out, dtype=np.uint8))
+        raw = out
     actual = checksum(raw)
     if actual != header.checksum:
         raise CorruptBlock(f"checksum mismatch: {actual} != {header.checksum}")
@@ -216,14 +228,14 @@ _SCRATCH_MAX = 32 << 20
 larger ones (not cut by the connector) get buffers of their own."""
 
 
-def _decode_planes(header: BlockHeader, payload: memoryview) -> bytes:
+def _decode_planes(header: BlockHeader, payload: memoryview, out: memoryview | None = None) -> Buffer:
     """Each plane decompressed straight into a row of a reused buffer, then the
     planes interleaved into elements by word arithmetic.
 
     Why this shape: on one core the decode was spending as much time faulting in
     fresh pages (a new ``bytes`` per plane, per stack, per copy; glibc hands 1 MiB
     blocks back to the kernel on free) as in zstd; reused buffers leave one fresh
-    allocation, the returned ``bytes``. Widening the top plane to the element's
+    allocation, the returned ``bytes`` (none with ``out``). Widening the top plane to the element's
     little-endian integer and shifting each lower plane in runs at memory speed,
     where writing bytes with an element-sized stride (``np.stack(..., axis=1)``)
     did not."""
@@ -239,12 +251,13 @@ def _decode_planes(header: BlockHeader, payload: memoryview) -> bytes:
             plane[:] = np.frombuffer(chunk, dtype=np.uint8)
         else:
             _decompress_into(chunk, plane)
-    words = _scratch("words", header.raw_nbytes).view(_WORDS[itemsize])
+    target = _scratch("words", header.raw_nbytes) if out is None else np.frombuffer(out, dtype=np.uint8)
+    words = target.view(_WORDS[itemsize])
     np.copyto(words, planes[-1])
     for plane in planes[-2::-1]:
         words <<= 8
         words |= plane
-    return words.tobytes()
+    return words.tobytes() if out is None else out
 
 
 def _scratch(name: str, nbytes: int) -> np.ndarray:
