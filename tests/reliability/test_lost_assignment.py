@@ -126,16 +126,17 @@ def test_services_resume_after_losing_their_partitions_with_work_in_every_stage(
             kafka.bootstrap, topics, output, "--max-shard-samples", "1000", "--max-shard-age", "4", group="s-lost"),
             tmp_path)
         with extractor, sink:
-            # While prompts remain the extractor keeps max_inflight of them in flight;
-            # frozen, Kafka acknowledges none of their records, so they stay in flight.
-            # (Early in the run: the extractor's count, not the dataset's, whose shards
-            # close only every few seconds.)
+            # Early in the run (the extractor's count, not the dataset's, whose shards
+            # close only every few seconds), with prompts in flight. Frozen, Kafka
+            # acknowledges none of their records, and the extractor takes on prompts it
+            # had fetched until it holds max_inflight of them, all waiting for acks.
             wait_until(lambda: extractor.counter("hsx_extractor_prompts_total") >= 5
-                       and extractor.metric("hsx_extractor_prompts_in_flight") == MAX_INFLIGHT, 300,
-                       "the run to be under way with max_inflight prompts in flight")
+                       and extractor.metric("hsx_extractor_prompts_in_flight") > 0, 300, "the run to be under way")
             os.kill(broker.pid, signal.SIGSTOP)
             stopped = time.monotonic()
             try:
+                wait_until(lambda: extractor.metric("hsx_extractor_prompts_in_flight") == MAX_INFLIGHT, 60,
+                           "max_inflight prompts in flight while the broker is away")
                 assert sink.metric("hsx_sink_buffered_bytes") > 0, "the sink holds nothing"
                 producer = HsxService("produce", produce_command(kafka.bootstrap, topics, late), tmp_path,
                                       health=False).start()

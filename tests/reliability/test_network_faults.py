@@ -14,7 +14,13 @@ produce`` through the proxy:
    connector partitioned once most of its blocks are on the topic, then the
    extractor SIGKILLed, so the manifest never leaves; the retry supersedes the
    partial attempt;
-6. a slow disk: every fsync of the sink takes 2 s (its shard writer waits; its
+6. by reference from here on (the extractor restarted with ``--payload-store``;
+   the sink had it from the start, so one topic carries both kinds): the
+   connector partitioned, staged objects durable whose manifests cannot leave,
+   then the extractor SIGKILLed; the restart stages again under new attempt ids
+   and the killed attempts' objects, which no manifest names, are left for the
+   sweep;
+7. a slow disk: every fsync of the sink takes 2 s (its shard writer waits; its
    loop reads on, holding the samples within its memory budget).
 
 At the end: every prompt once in the dataset, none dead-lettered, and every
@@ -35,12 +41,15 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from hsx import models
 from hsx.dataset.reader import open_dataset
+from hsx.dataset.storage import open_storage
 from hsx.local.broker import EmbeddedBroker, free_port
 from hsx.local.commands import extract_command, produce_command, sink_command
 from hsx.local.spawn import HsxService, cpu_engine_env
 from hsx.local.topics import fresh_topics
 from hsx.reference import max_relative_error
 from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.schemas.blocks import STAGED_SUFFIX
+from hsx.sink.payloads import StagedObjects
 from tests.reliability.harness import check_exactly_once, dead_letters, index_counts, record_figures, wait_until
 from tests.reliability.netfaults import FaultProxy, is_connector, wait
 
@@ -63,7 +72,7 @@ def phase_prompts(phase: str) -> list[dict[str, object]]:
             for i in range(PER_PHASE)]
 
 
-PHASES = ["latency", "resets", "sink_partition", "connector_partition", "slow_disk"]
+PHASES = ["latency", "resets", "sink_partition", "connector_partition", "staged_kill", "slow_disk"]
 LONG = {"request_id": "long-0", "token_ids": [(k * 37) % 40_000 + 10 for k in range(LONG_TOKENS)]}
 
 
@@ -81,6 +90,8 @@ class Pipeline:
     workdir: Path
     extractor: HsxService
     sink: HsxService
+    staging: Path
+    """The payload store of phase 6 on (the sink's from the start)."""
     produced: int = 0
     _producers: set[int] = field(default_factory=set)
 
@@ -111,15 +122,19 @@ class Pipeline:
     def stored(self) -> int:
         return len(index_counts(self.output))
 
+    def staged(self) -> list[str]:
+        """The staged objects in the payload store now, however new."""
+        return open_storage(str(self.staging)).stale(STAGED_SUFFIX, older_than=-3600)
+
 
 def _services(kafka: KafkaSettings, topics: TopicSettings, model: Path, workdir: Path,
-              sink_env: dict[str, str] | None = None) -> tuple[HsxService, HsxService]:
+              sink_env: dict[str, str] | None = None, *sink_extra: str) -> tuple[HsxService, HsxService]:
     output = workdir / "dataset"
     extractor = HsxService("extractor", extract_command(kafka.bootstrap, topics, model, "--max-model-len", "4200",
                                                         "--max-inflight", "16", "--block-bytes", str(256 << 10),
                                                         group=f"x-{topics.prompts}"), workdir)
     sink = HsxService("sink", sink_command(kafka.bootstrap, topics, output, "--max-shard-samples", "8",
-                                           "--max-shard-age", "1", "--max-buffer-bytes", str(BUDGET),
+                                           "--max-shard-age", "1", "--max-buffer-bytes", str(BUDGET), *sink_extra,
                                            group=f"s-{topics.prompts}"), workdir, env=sink_env or cpu_engine_env())
     return extractor, sink
 
@@ -255,6 +270,30 @@ def _long_prompt_kill(p: Pipeline, proxy: FaultProxy) -> Observed:
     return seen
 
 
+def _staged_kill(p: Pipeline, proxy: FaultProxy) -> Observed:
+    """Phase 6: staged objects durable, their manifests held back by a partition,
+    then the extractor killed (module docstring)."""
+    seen = Observed()
+    target = p.stored() + PER_PHASE
+    assert p.extractor.stop() == 0, p.extractor.log_tail()
+    p.extractor.args += ["--payload-store", str(p.staging)]
+    p.extractor.start()
+    p.extractor.wait_ready()
+    proxy.set("connector", partitioned=True)
+    producer = p.produce(phase_prompts("staged_kill"))
+    wait_until(lambda: len(p.staged()) >= 4, 300, "staged objects whose manifests cannot leave")
+    p.extractor.kill()
+    killed = p.staged()
+    seen.extra.update(killed=killed, stored_at_kill=p.stored(), stored_before=target - PER_PHASE)
+    proxy.set("connector")
+    started = time.monotonic()
+    p.extractor.start()
+    wait_until(lambda: p.stored() >= target, 600, "staged_kill: every prompt stored")
+    seen.recovery_s = round(time.monotonic() - started, 1)
+    assert producer.wait(60) == 0, producer.log_tail()
+    return seen
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     model = models.prepare(names=[MODEL])[MODEL]
@@ -270,8 +309,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
             topics = fresh_topics(kafka)
             path = os.pathsep.join(x for x in (str(SLOW_FSYNC), os.environ.get("PYTHONPATH")) if x)
             sink_env = cpu_engine_env(PYTHONPATH=path, SLOW_FSYNC_FLAG=str(workdir / "slow-fsync"))
-            extractor, sink = _services(kafka, topics, model, workdir, sink_env)
-            pipeline = Pipeline(kafka, topics, workdir / "dataset", workdir, extractor, sink)
+            staging = workdir / "staging"
+            extractor, sink = _services(kafka, topics, model, workdir, sink_env, "--payload-store", str(staging))
+            pipeline = Pipeline(kafka, topics, workdir / "dataset", workdir, extractor, sink, staging)
             observed: dict[str, Observed] = {}
             with extractor, sink:
                 extractor.wait_ready()
@@ -279,9 +319,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
                 for phase in PHASES[:4]:
                     observed[phase] = _phase(pipeline, proxy, phase)
                 observed["long_prompt_kill"] = _long_prompt_kill(pipeline, proxy)
+                observed["staged_kill"] = _staged_kill(pipeline, proxy)
                 observed["slow_disk"] = _phase(pipeline, proxy, "slow_disk")
                 for service in (extractor, sink):
                     assert service.stop() == 0, service.log_tail()
+            left = pipeline.staged()
+            StagedObjects(open_storage(str(staging)), max_age=1.0).sweep(time.monotonic())
+            observed["staged_kill"].extra.update(left_after_run=left, left_after_sweep=pipeline.staged())
             check_exactly_once(kafka, topics, pipeline.output, {str(p["request_id"]) for p in all_prompts()})
             superseded = [r.key().decode() for h, r in dead_letters(kafka, topics.blocks_dlq, expected=0, timeout=5)
                           if h.error_class == "superseded_attempt"]
@@ -343,6 +387,16 @@ def test_nothing_got_through_a_partition_and_everything_after_it(run: Run, phase
 def test_a_kill_mid_send_is_superseded_once(run: Run) -> None:
     assert run.observed["long_prompt_kill"].extra["blocks_on_topic_at_kill"] >= 60
     assert run.superseded == ["long-0"]
+
+
+def test_a_kill_between_staging_and_manifest_leaves_only_the_killed_attempts_objects(run: Run) -> None:
+    """Nothing of the killed attempts reached the sink (their manifests never left);
+    every other staged object was deleted once its manifest was committed; the
+    sweep removes the rest."""
+    seen = run.observed["staged_kill"].extra
+    assert len(seen["killed"]) >= 4 and seen["stored_at_kill"] == seen["stored_before"]
+    assert seen["left_after_run"] == seen["killed"]
+    assert seen["left_after_sweep"] == []
 
 
 def test_a_slow_disk_holds_samples_within_the_memory_bound(run: Run) -> None:
