@@ -18,7 +18,7 @@ produce`` through the proxy:
    the sink had it from the start, so one topic carries both kinds): the
    connector partitioned, staged objects durable whose manifests cannot leave,
    then the extractor SIGKILLed; the restart stages again under new attempt ids
-   and the killed attempts' objects, which no manifest names, are left for the
+   and the killed attempts' objects that no manifest names are left for the
    sweep;
 7. a slow disk: every fsync of the sink takes 2 s (its shard writer waits; its
    loop reads on, holding the samples within its memory budget).
@@ -139,6 +139,17 @@ def _services(kafka: KafkaSettings, topics: TopicSettings, model: Path, workdir:
     return extractor, sink
 
 
+def _state(p: Pipeline) -> str:
+    """Where the pipeline stands, for a failure's message."""
+    figures = {"stored": p.stored(), **{f"{k}_lag": v for k, v in _lags(p).items()},
+               "extractor_prompts": p.extractor.metric("hsx_extractor_prompts_total"),
+               "extractor_in_flight": p.extractor.metric("hsx_extractor_prompts_in_flight"),
+               "sink_samples": p.sink.metric("hsx_sink_samples_total"),
+               "sink_buffered_bytes": p.sink.metric("hsx_sink_buffered_bytes"),
+               "sink_seconds_since_progress": p.sink.metric("hsx_sink_seconds_since_progress")}
+    return ", ".join(f"{k} {v}" for k, v in figures.items())
+
+
 def _lags(p: Pipeline) -> dict[str, float]:
     return {"extractor": p.extractor.metric("hsx_extractor_consumer_lag", labelled=True),
             "sink": p.sink.metric("hsx_sink_consumer_lag", labelled=True)}
@@ -226,7 +237,10 @@ def _phase(p: Pipeline, proxy: FaultProxy, name: str) -> Observed:
             (peak[0] - baseline) / MiB, 1), sink_buffered_peak_mib=round(held[0] / MiB, 2))
         flag.unlink()
     healed = time.monotonic()
-    wait_until(lambda: p.stored() >= target, 300, f"{name}: every prompt stored", tick=sample)
+    try:
+        wait_until(lambda: p.stored() >= target, 300, f"{name}: every prompt stored", tick=sample)
+    except AssertionError as exc:  # which side stopped: a timeout alone does not say
+        raise AssertionError(f"{exc}; {_state(p)}") from None
     seen.recovery_s = round(time.monotonic() - healed, 1)
     for service in everyone:
         proxy.set(service)
@@ -390,12 +404,15 @@ def test_a_kill_mid_send_is_superseded_once(run: Run) -> None:
 
 
 def test_a_kill_between_staging_and_manifest_leaves_only_the_killed_attempts_objects(run: Run) -> None:
-    """Nothing of the killed attempts reached the sink (their manifests never left);
-    every other staged object was deleted once its manifest was committed; the
-    sweep removes the rest."""
+    """At the kill, objects were durable and nothing of the phase was stored. A
+    killed attempt whose manifest was already on the wire may still land (a
+    request the proxy held in its connection's accept goes on once healed, as on
+    a network), and then it is stored and its object deleted like any other; the
+    others are left, and the sweep removes them. Every other staged object was
+    deleted once its manifest was committed."""
     seen = run.observed["staged_kill"].extra
     assert len(seen["killed"]) >= 4 and seen["stored_at_kill"] == seen["stored_before"]
-    assert seen["left_after_run"] == seen["killed"]
+    assert set(seen["left_after_run"]) <= set(seen["killed"])
     assert seen["left_after_sweep"] == []
 
 
