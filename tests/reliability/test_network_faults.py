@@ -275,13 +275,7 @@ def _long_prompt_kill(p: Pipeline, proxy: FaultProxy) -> Observed:
         seen.extra["blocks_on_topic_at_kill"] = blocks
     finally:
         consumer.close()
-    proxy.set("connector")
-    started = time.monotonic()
-    p.extractor.start()
-    wait_until(lambda: p.stored() >= target, 600, "the long prompt stored")
-    seen.recovery_s = round(time.monotonic() - started, 1)
-    assert producer.wait(60) == 0, producer.log_tail()
-    return seen
+    return _heal_and_restart(p, proxy, seen, target, producer)
 
 
 def _staged_kill(p: Pipeline, proxy: FaultProxy) -> Observed:
@@ -299,10 +293,16 @@ def _staged_kill(p: Pipeline, proxy: FaultProxy) -> Observed:
     p.extractor.kill()
     killed = p.staged()
     seen.extra.update(killed=killed, stored_at_kill=p.stored(), stored_before=target - PER_PHASE)
+    return _heal_and_restart(p, proxy, seen, target, producer)
+
+
+def _heal_and_restart(p: Pipeline, proxy: FaultProxy, seen: Observed, target: int, producer: HsxService) -> Observed:
+    """After a kill: the connector healed, the extractor started again, and the
+    seconds until the dataset holds ``target`` samples."""
     proxy.set("connector")
     started = time.monotonic()
     p.extractor.start()
-    wait_until(lambda: p.stored() >= target, 600, "staged_kill: every prompt stored")
+    wait_until(lambda: p.stored() >= target, 600, "every prompt stored after the restart")
     seen.recovery_s = round(time.monotonic() - started, 1)
     assert producer.wait(60) == 0, producer.log_tail()
     return seen
