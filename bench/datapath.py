@@ -49,6 +49,7 @@ from typing import Any
 
 import psutil
 
+from bench.object_store import warm_up
 from bench.section import emit, parser
 
 TRANSPORTS = ("inline", "s3", "directory")
@@ -124,9 +125,10 @@ def load(spec: dict[str, Any]) -> dict[str, Any]:
 # -- the round's services ------------------------------------------------------------------------
 
 
-def prepare_states(path: Path, quick: bool) -> list[int]:
+def prepare_states(path: Path, quick: bool) -> tuple[list[int], tuple[int, int, int]]:
     """SmolLM2's hidden states on the demo prompts, one ``[tokens, layers, hidden]``
-    bfloat16 tensor (at least ``LENGTHS[1]`` tokens) in ``path``; returns the layer ids."""
+    bfloat16 tensor (at least ``2 * LENGTHS[1]`` tokens) in ``path``; returns the
+    layer ids and the tensor's shape."""
     import safetensors.torch
     import torch
     from transformers import AutoConfig
@@ -140,7 +142,8 @@ def prepare_states(path: Path, quick: bool) -> list[int]:
     while rows.shape[0] < LENGTHS[1] * 2:
         rows = torch.cat([rows, rows])
     safetensors.torch.save_file({"rows": rows.contiguous()}, str(path))
-    return default_layer_ids(AutoConfig.from_pretrained(models.prepare(names=[MODEL])[MODEL]).num_hidden_layers)
+    layers = AutoConfig.from_pretrained(models.prepare(names=[MODEL])[MODEL]).num_hidden_layers
+    return default_layer_ids(layers), tuple(rows.shape)  # type: ignore[return-value]
 
 
 def plan(total_bytes: int, row_bytes: int, available: int, seed: int) -> list[tuple[int, int]]:
@@ -364,20 +367,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hsx-bench-datapath-") as tmp:
         work = Path(tmp)
         states = work / "states.safetensors"
-        layer_ids = prepare_states(states, args.quick)
-        import safetensors
-
-        with safetensors.safe_open(str(states), "pt") as f:
-            available, layers, hidden = f.get_slice("rows").get_shape()
-        row_bytes = layers * hidden * 2
+        layer_ids, (available, layers, hidden) = prepare_states(states, args.quick)
+        row_bytes = layers * hidden * 2  # bfloat16
         requests = plan(total, row_bytes, available, seed=0)
         tokens = sum(length for _, length in requests)
         measured: dict[str, list[dict[str, float]]] = {t: [] for t in TRANSPORTS}
         with services(work) as (broker, s3):
             env = s3.child_environ(cpu_engine_env())
             os.environ.update(s3.environ())  # this process lists and warms the bucket
-            from bench.object_store import warm_up
-
             s3.create_bucket(BUCKET)
             warm_up(f"s3://{BUCKET}/warm-up")
             for r in range(rounds):

@@ -6,10 +6,12 @@
 4. Resume: request ids already in the output's index are skipped.
 5. Publish the input; with the first prompt to do, start the sink and the
    extractor as child processes, the same services as in production, without
-   idle timeouts (an engine may take minutes to start).
+   idle timeouts (an engine may take minutes to start). By default they pass
+   hidden states by reference through a staging folder of the run's own.
 6. Follow ready events and dead letters until every published id is accounted
    for, with a progress bar fed by the extractor's metrics.
-7. Drain both services (SIGTERM: flush, commit, leave) and print the summary.
+7. Drain both services (SIGTERM: flush, commit, leave), empty the run's
+   staging folder and print the summary.
 """
 
 from __future__ import annotations
@@ -142,6 +144,11 @@ class RunPlan:
             return self.payload_store
         return str((self.logs if is_object_store(self.output) else Path(self.output)) / STAGING)
 
+    @property
+    def owns_staging(self) -> bool:
+        """Whether :attr:`staging` is the run's own folder, emptied before and after."""
+        return not self.inline and self.payload_store is None
+
 
 def run(args: argparse.Namespace) -> int:
     lines, mapping, on_invalid = input_from_args(args)
@@ -172,7 +179,7 @@ def run_pipeline(plan: RunPlan) -> RunReport:
     existing = set(Dataset(open_storage(plan.output, create=True)).request_ids())
     staging = plan.staging
     transport = ["--payload-store", staging] if staging else []
-    if staging and plan.payload_store is None:
+    if plan.owns_staging:
         shutil.rmtree(staging, ignore_errors=True)  # an interrupted run's: no manifest of this run names them
     with _broker(plan.bootstrap) as bootstrap:
         kafka = KafkaSettings(bootstrap=bootstrap)
@@ -212,7 +219,7 @@ def run_pipeline(plan: RunPlan) -> RunReport:
                 if service.proc is not None and service.exited() is None:
                     service.kill()
     extracted, sunk = ({} if s.proc is None else s.read_stats() for s in (extractor, sink))  # started this run
-    if staging and plan.payload_store is None and not failures:
+    if plan.owns_staging and not failures:
         shutil.rmtree(staging, ignore_errors=True)  # the sink deleted what it stored; the rest no manifest names
     return RunReport(plan.output, published, ledger, extracted, sunk, time.monotonic() - started, failures,
                      payload_store=staging)
