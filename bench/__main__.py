@@ -45,7 +45,8 @@ from bench import report
 from hsx.extractor.cpu_defaults import cpu_list
 from hsx.local.spawn import cpu_engine_env
 
-SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale", "dataset_codecs", "object_store", "datapath"]
+SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale", "dataset_codecs", "object_store", "datapath",
+            "pipeline_by_reference"]
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -91,8 +91,10 @@ def wait_until(services: list[HsxService], name: str, target: float, timeout: fl
 
 
 class Bench:
-    def __init__(self, bootstrap: str, work: Path, model_dir: Path, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, bootstrap: str, work: Path, model_dir: Path, tokenizer,  # type: ignore[no-untyped-def]
+                 by_reference: bool = False) -> None:
         self.kafka = KafkaSettings(bootstrap=bootstrap)
+        self.transport = ["--payload-store", str(work / "staging")] if by_reference else []
         self.topic_settings = fresh_topics(self.kafka, prefix="bench.")
         self.work = work
         self.model_dir = model_dir
@@ -111,14 +113,14 @@ class Bench:
     def extractor(self, name: str, **env: str) -> HsxService:
         """A running extractor; ``env`` over :func:`cpu_engine_env`."""
         command = extract_command(self.kafka.bootstrap, self.topic_settings, self.model_dir, "--max-model-len", "2048",
-                                  group="bench-extractor")
+                                  *self.transport, group="bench-extractor")
         return HsxService(name, command, self.work, env=cpu_engine_env(**env), stats=True).start()
 
     def sink(self, nice: int = 0) -> HsxService:
         """A running sink (``sink-1``, ``sink-2``, ...)."""
         self.sinks += 1
         command = sink_command(self.kafka.bootstrap, self.topic_settings, self.work / "dataset", "--max-shard-age",
-                               "0.5", "--max-shard-samples", "64", group="bench-sink")
+                               "0.5", "--max-shard-samples", "64", *self.transport, group="bench-sink")
         service = HsxService(f"sink-{self.sinks}", command, self.work, stats=True).start()
         if nice:
             psutil.Process(service.pid).nice(nice)
@@ -244,7 +246,7 @@ def main_async(args: argparse.Namespace) -> dict[str, object]:
     out_dir = Path(tempfile.mkdtemp(prefix="hsx-bench-"))
     print(f"[bench.pipeline] logs and dataset in {out_dir} (removed at the end unless --keep)", flush=True)
     with dev_bootstrap() as bootstrap:
-        bench = Bench(bootstrap, out_dir, model_dir, tokenizer)
+        bench = Bench(bootstrap, out_dir, model_dir, tokenizer, args.by_reference)
         extractor = bench.extractor("extractor")
         try:
             warmup = prompts[:8] if args.quick else prompts  # a whole untimed round: engine and caches warm
@@ -300,6 +302,9 @@ def main_async(args: argparse.Namespace) -> dict[str, object]:
                 print(f"[bench.pipeline] 1 vs 2 extractors failed: {exc}", flush=True)
     if not args.keep:
         shutil.rmtree(out_dir, ignore_errors=True)
+    if args.by_reference:  # beside the inline figures, not over them
+        results = {("e2e_ratio_by_reference" if k == "e2e_ratio" else k.replace("pipeline_", "pipeline_by_reference_", 1)):
+                   v for k, v in results.items() if k.startswith(("pipeline_", "e2e_ratio")) and "niced" not in k}
     return results
 
 
@@ -314,7 +319,12 @@ def main() -> None:
     parser.add_argument("--skip-rss", action="store_true", help="no 2,000-prompt run")
     parser.add_argument("--keep", action="store_true", help="keep the logs and the dataset")
     parser.add_argument("--skip-two", action="store_true", help="no 1 vs 2 extractors")
+    parser.add_argument("--by-reference", action="store_true",
+                        help="extractor and sinks pass hidden states through a staging directory (--payload-store): "
+                             "e2e_ratio_by_reference and pipeline_by_reference_* (no RSS run, no 1 vs 2 extractors)")
     args = parser.parse_args()
+    if args.by_reference:
+        args.skip_rss, args.skip_two, args.sink_nice = True, True, 0
     text = json.dumps(main_async(args), indent=2)
     if args.out:
         args.out.write_text(text + "\n")

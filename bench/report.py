@@ -31,6 +31,7 @@ TARGETS = [
     ("dataset_fp8_zstd_vs_raw_bf16", 2.5, "raw bf16 ÷ fp8-zstd bytes per sample"),
     ("dataset_byteplane_zstd_decode_mb_s", 1000.0, "byteplane-zstd decode MB/s of bf16 output on one core"),
     ("e2e_ratio", 0.85, "producer → Kafka → extractor → sink ÷ extraction alone"),
+    ("e2e_ratio_by_reference", 0.90, "the same with hidden states by reference (a staging directory)"),
     ("rss_growth_10_to_100pct", 1.10, "RSS at 100% ÷ at 10% of a 2,000-prompt run (at most)"),
     ("sink_scale_rss_bytes_per_sample", 64.0, "sink RSS growth per stored sample once ready, 1 M samples (at most)"),
     ("sink_scale_load_s", 2.0, "seconds an assignment spends loading 1 M stored samples' dedupe keys (at most)"),

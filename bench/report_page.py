@@ -258,6 +258,11 @@ PIPELINE: tuple[Block, ...] = (
         ("extraction alone, tokens/s", "{pipeline_extract_tokens_per_s} {pipeline_extract_tokens_per_s_rounds!s}"),
         ("whole pipeline, tokens/s", "{pipeline_e2e_tokens_per_s} {pipeline_e2e_tokens_per_s_rounds!s}"),
         ("`e2e_ratio`", "{e2e_ratio}"),
+        ("by reference (`python -m bench.pipeline_by_reference`: extractor and sink with `--payload-store DIR`), "
+         "extraction alone / whole pipeline, tokens/s", "{pipeline_by_reference_extract_tokens_per_s} "
+         "{pipeline_by_reference_extract_tokens_per_s_rounds!s} / {pipeline_by_reference_e2e_tokens_per_s} "
+         "{pipeline_by_reference_e2e_tokens_per_s_rounds!s}"),
+        ("`e2e_ratio_by_reference`", "{e2e_ratio_by_reference}"),
         ("whole pipeline with the sink at nice {sink_nice!s}, tokens/s",
          "{pipeline_e2e_sink_niced_tokens_per_s_rounds!s} (÷ extraction alone: {e2e_ratio_sink_niced})"),
         ("1 extractor (OpenMP on cores 0-1), tokens/s", "{one_extractor_tokens_per_s}"),
