@@ -258,7 +258,7 @@ PIPELINE: tuple[Block, ...] = (
         ("extraction alone, tokens/s", "{pipeline_extract_tokens_per_s} {pipeline_extract_tokens_per_s_rounds!s}"),
         ("whole pipeline, tokens/s", "{pipeline_e2e_tokens_per_s} {pipeline_e2e_tokens_per_s_rounds!s}"),
         ("`e2e_ratio`", "{e2e_ratio}"),
-        ("by reference (`python -m bench.pipeline_by_reference`: extractor and sink with `--payload-store DIR`), "
+        ("by reference (`python -m bench.pipeline_by_reference`, a run of its own: extractor and sink with `--payload-store DIR`), "
          "extraction alone / whole pipeline, tokens/s", "{pipeline_by_reference_extract_tokens_per_s} "
          "{pipeline_by_reference_extract_tokens_per_s_rounds!s} / {pipeline_by_reference_e2e_tokens_per_s} "
          "{pipeline_by_reference_e2e_tokens_per_s_rounds!s}"),
