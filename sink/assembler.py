@@ -33,7 +33,6 @@ from hsx.codecs.fp8_blocks import fp8_rows
 from hsx.dataset.sample import Sample
 from hsx.runtime.errors import InvalidInput
 from hsx.schemas import BlockRecordHeaders, ErrorClass, Manifest, RecordKind, format_validation_error
-from hsx.schemas.dataset_codec import DatasetCodec
 
 
 @dataclass

@@ -16,7 +16,6 @@ every decode. Codec version 2 blocks carry fp8 rows instead (:mod:`hsx.codecs.fp
 
 from __future__ import annotations
 
-import struct
 import threading
 from typing import TypeVar
 
