@@ -25,9 +25,9 @@ instead. ``make test`` runs it through ``tests/unit/test_gpu_check.py``.
 
     python -m bench.gpu_check [--self-test] [--out FILE] [--merge bench/results.json]
 
-The GPU host has no zstandard, pydantic or orjson. Carry their wheels as
+The GPU host has no zstandard, pydantic, orjson or isal. Carry their wheels as
 /work/.library/device/README.md describes: zstandard, pydantic, pydantic-core,
-annotated-types, typing-inspection and orjson, for Python 3.12.
+annotated-types, typing-inspection, orjson and isal, for Python 3.12.
 """
 
 from __future__ import annotations
