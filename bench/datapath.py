@@ -49,7 +49,7 @@ from typing import Any
 
 import psutil
 
-from bench.object_store import warm_up
+from bench.object_store import proc_status, warm_up
 from bench.section import emit, parser
 
 TRANSPORTS = ("inline", "s3", "directory")
@@ -59,7 +59,6 @@ MODEL = "smollm2-135m-instruct"
 BUCKET = "hsx-bench-datapath"
 REBALANCES = "hsx_sink_rebalances_total"
 H200_MB_S = 885.0
-H200_TOKENS_S = 27_000
 GPUS_PER_NODE = 8
 REPLICATION = 3
 RETENTION_H = 1.0
@@ -164,11 +163,16 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return times.user, times.system
 
 
-def peak_rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
+def from_start(bootstrap: str, topic: str) -> tuple[Any, list[int]]:
+    """A consumer of a throw-away group assigned every partition of ``topic``
+    from its first offset, and the partitions."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False})
+    partitions = list(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    return consumer, partitions
 
 
 class ReadyEvents:
@@ -176,12 +180,7 @@ class ReadyEvents:
     without asking the sink (scraping its ``/metrics`` would cost it CPU)."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        from confluent_kafka import Consumer, TopicPartition
-
-        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
-                                   "enable.auto.commit": False})
-        partitions = self._consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        self._consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        self._consumer, _ = from_start(bootstrap, topic)
         self._seen = 0
 
     def count(self, timeout: float) -> int:
@@ -198,14 +197,11 @@ class ReadyEvents:
 
 def topic_bytes(bootstrap: str, topic: str) -> tuple[int, int]:
     """(records, bytes) on ``topic``: keys, values and headers, read back whole."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
+    consumer, partitions = from_start(bootstrap, topic)
     try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
         records = size = 0
         remaining = {p for p, end in ends.items() if end > 0}
         while remaining:
@@ -291,7 +287,7 @@ def run_round(transport: str, work: Path, broker: Any, s3: Any, env: dict[str, s
         cpu = {name: tuple(now - then for now, then in zip(cpu_seconds(pid), before))
                for (name, pid), before in zip(pids.items(), cpu.values())}
         figures = {"broker_rss_growth": psutil.Process(broker.pid).memory_info().rss - broker_rss,
-                   "sink_rss_peak": peak_rss(sink.pid), "s3_rss_peak": peak_rss(s3.pid)}
+                   "sink_rss_peak": proc_status("VmHWM", sink.pid), "s3_rss_peak": proc_status("VmHWM", s3.pid)}
         if loader.wait(120) != 0 or sink.stop() != 0:
             raise RuntimeError(f"{transport}: load exited {loader.returncode}, sink {sink.exited()}")
     loaded = json.loads((here / "load.json").read_text())

@@ -225,8 +225,9 @@ def random_samples(datasets: dict[str, str], picks: int, seed: int = 1) -> dict[
 # -- 3. a 1 GiB shard, in processes of their own -----------------------------------------------
 
 
-def _status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
+def proc_status(key: str, pid: int | str = "self") -> int:
+    """A ``/proc/PID/status`` memory figure (``VmRSS``, ``VmHWM``...) in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
     raise KeyError(key)
@@ -238,10 +239,10 @@ class Peak:
 
     def __enter__(self) -> Peak:
         gc.collect()
-        self.before = _status("VmRSS")
+        self.before = proc_status("VmRSS")
         try:
             Path("/proc/self/clear_refs").write_text("5")
-            self.hwm = _status("VmHWM") <= self.before + (1 << 20)
+            self.hwm = proc_status("VmHWM") <= self.before + (1 << 20)
         except OSError:
             self.hwm = False
         self._stop = threading.Event()
@@ -252,12 +253,12 @@ class Peak:
 
     def _sample(self) -> None:
         while not self._stop.wait(0.002):
-            self._sampled = max(self._sampled, _status("VmRSS"))
+            self._sampled = max(self._sampled, proc_status("VmRSS"))
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join()
-        peak = _status("VmHWM") if self.hwm else self._sampled
+        peak = proc_status("VmHWM") if self.hwm else self._sampled
         self.growth = max(0, peak - self.before)
 
 

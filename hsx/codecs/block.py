@@ -178,7 +178,9 @@ def decode_block(value: Buffer, out: memoryview | None = None) -> tuple[BlockHea
     blocks only), the raw bytes are decoded into it, which they must fill, and ``out``
     is returned: a sample's blocks decode into its one buffer, copied never."""
     header, payload = read_header(value)
-    if out is not None and (out.nbytes != header.raw_nbytes or header.quantization is not None):
+    if out is not None and header.quantization is not None:
+        raise CorruptBlock(f"the block holds {header.quantization} rows, raw bytes were expected")
+    if out is not None and out.nbytes != header.raw_nbytes:
         raise CorruptBlock(f"the block holds {header.raw_nbytes} raw bytes, {out.nbytes} were expected")
     if sum(s.nbytes for s in header.segments) != payload.nbytes:
         raise CorruptBlock(f"payload is {payload.nbytes} bytes, header says {sum(s.nbytes for s in header.segments)}")
