@@ -20,6 +20,7 @@ from confluent_kafka import Message
 from pydantic import ValidationError
 
 from hsx.extractor.attempts import Attempts
+from hsx.extractor.backlog import Backlog
 from hsx.extractor.completion import CompletionReceiver
 from hsx.extractor.connector.kafka_settings import write_kafka_settings
 from hsx.extractor.engine import Engine, EngineOptions
@@ -31,6 +32,7 @@ from hsx.runtime.errors import ExitCode, InvalidInput, ServiceFailed
 from hsx.runtime.kafka import DeliveryFailed, RecordProducer, ensure_topics
 from hsx.runtime.kafka.dead_letters import DeadLetters
 from hsx.runtime.kafka.member import GroupMember
+from hsx.runtime.kafka.watermarks import TopicPartitionKey
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import DEFAULT_LIMITS, ErrorClass, PromptEvent, PromptLimits, SourceRef, format_validation_error
 from hsx.schemas.connector import ConnectorConfig
@@ -59,7 +61,7 @@ class Extractor:
         self.limits = limits
         self.stats = ExtractorStats()
         self.member = GroupMember(
-            kafka, options.group_id, self.topics.prompts, "extractor",
+            kafka, options.group_id, self.topics.prompts, "extractor", self,
             consumer_overrides={
                 "session.timeout.ms": options.session_timeout_ms,
                 "max.poll.interval.ms": max(600_000, int(options.completion_timeout * 2000)),
@@ -68,6 +70,7 @@ class Extractor:
             stall_timeout=options.stall_timeout,
         )
         self._tasks: set[asyncio.Task[None]] = set()
+        self._backlog = Backlog(options.max_inflight)
         self._last_progress = time.monotonic()
         self._engine_ready = False
 
@@ -77,7 +80,7 @@ class Extractor:
         self.member.handle_signals(self.stop)
         ensure_topics(self.kafka, self.topic_settings, [self.topics.prompts, self.topics.prompts_dlq, self.topics.blocks])
         self.member.serve_health(self.options.health_port, self._not_ready,
-                                 lambda: f"{len(self._tasks)} prompts in flight")
+                                 lambda: f"{len(self._tasks)} prompts in flight, {len(self._backlog)} waiting")
         with tempfile.TemporaryDirectory(prefix="hsx-extractor-") as tmp:
             self._completions = CompletionReceiver(Path(tmp))
             self._completions.start()
@@ -123,14 +126,31 @@ class Extractor:
             if member.stopping:
                 break
             self._dead_letters.producer.poll(0)
-            member.pause(len(self._tasks) >= self.options.max_inflight)
-            room = max(1, self.options.max_inflight - len(self._tasks))
-            messages = member.poll(room, timeout=0)
-            for message in messages:
-                self._accept(message)
-            self.stats.in_flight(len(self._tasks))
+            self._start_waiting()
+            member.pause(self._backlog.should_pause(member.paused))
+            messages = member.poll(max(1, self._backlog.room), timeout=0)
+            self._backlog.add(messages)
+            self._start_waiting()
+            self.stats.in_flight(len(self._tasks), len(self._backlog))
             member.tick(busy=bool(self._tasks))
             await asyncio.sleep(0 if messages else 0.02)
+
+    def _start_waiting(self) -> None:
+        """Start waiting prompts, oldest first, while fewer than ``max_inflight`` run."""
+        while len(self._tasks) < self.options.max_inflight and (message := self._backlog.take()) is not None:
+            self._accept(message)
+
+    # -- partitions come and go (PartitionHandler) ---------------------------------------------
+
+    def assigned(self, partitions: list[TopicPartitionKey]) -> None:
+        pass
+
+    def revoked(self, partitions: list[TopicPartitionKey]) -> None:
+        """Prompts already running finish (the next owner's copies are dropped by
+        the sink as duplicates); waiting ones are left to the next owner."""
+        self._backlog.drop(partitions)
+
+    lost = revoked
 
     def _watch_engine(self) -> None:
         """A dead engine, or one that finishes nothing for ``stall_timeout`` with

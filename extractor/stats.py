@@ -11,7 +11,8 @@ from prometheus_client import Gauge
 from hsx.runtime.stats import Recorder, counted
 from hsx.schemas.connector import CompletionReport
 
-_IN_FLIGHT = Gauge("hsx_extractor_prompts_in_flight", "Prompts consumed but not finished")
+_IN_FLIGHT = Gauge("hsx_extractor_prompts_in_flight", "Prompts started and not finished")
+_WAITING = Gauge("hsx_extractor_prompts_waiting", "Prompts fetched and not yet started (the local backlog)")
 
 
 @dataclass
@@ -33,8 +34,9 @@ class ExtractorStats(Recorder):
         if self.first_prompt_at is None:
             self.first_prompt_at = time.monotonic()
 
-    def in_flight(self, prompts: int) -> None:
+    def in_flight(self, prompts: int, waiting: int) -> None:
         _IN_FLIGHT.set(prompts)
+        _WAITING.set(waiting)
 
     def extracted(self, report: CompletionReport) -> None:
         """One prompt's records are all acknowledged by Kafka."""

@@ -127,11 +127,13 @@ def test_services_resume_after_losing_their_partitions_with_work_in_every_stage(
             tmp_path)
         with extractor, sink:
             # Early in the run (the extractor's count, not the dataset's, whose shards
-            # close only every few seconds), with prompts in flight. Frozen, Kafka
-            # acknowledges none of their records, and the extractor takes on prompts it
-            # had fetched until it holds max_inflight of them, all waiting for acks.
+            # close only every few seconds), with max_inflight prompts running and as
+            # many fetched and waiting: a full backlog, so its partitions are paused.
+            # Frozen, Kafka acknowledges none of the running prompts' records, and the
+            # extractor holds max_inflight of them, all waiting for acks.
             wait_until(lambda: extractor.counter("hsx_extractor_prompts_total") >= 5
-                       and extractor.metric("hsx_extractor_prompts_in_flight") > 0, 300, "the run to be under way")
+                       and extractor.metric("hsx_extractor_prompts_waiting") == MAX_INFLIGHT, 300,
+                       "the run to be under way with a full backlog")
             os.kill(broker.pid, signal.SIGSTOP)
             stopped = time.monotonic()
             try:
