@@ -67,6 +67,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action
                            help="longest prompt + 1 (default %(default)s)"),
         model.add_argument("--tensor-parallel-size", type=integer(1), default=_ENGINE.tensor_parallel_size),
         model.add_argument("--data-parallel-size", type=integer(1), default=_ENGINE.data_parallel_size),
+        model.add_argument("--pipeline-parallel-size", type=integer(1), default=1,
+                           help="1 only: the hidden states of every chosen layer must reach one rank"),
         model.add_argument("--max-num-seqs", type=integer(1), help="vLLM batch size limit"),
         model.add_argument("--max-num-batched-tokens", type=integer(1), help="vLLM tokens per step"),
         model.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / compilation"),
@@ -146,6 +148,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="raw hidden-state bytes awaiting Kafka acks (default %(default)s)")
 
 
+def check_layout(args: argparse.Namespace) -> None:
+    """Refuse pipeline parallelism (the flag or ``--engine-arg``) in one line:
+    vLLM's ``extract_hidden_states`` draft stores the chosen layers' hidden states
+    on the rank that runs the last layer, and with pipeline stages the other
+    layers run elsewhere. Tensor and data parallelism are supported."""
+    engine_arg = dict(args.engine_arg).get("pipeline_parallel_size", 1)
+    for flag, value in (("--pipeline-parallel-size", args.pipeline_parallel_size),
+                        ("--engine-arg pipeline_parallel_size", engine_arg)):
+        if value != 1:
+            raise UsageError(f"{flag} {value}: hidden-state extraction does not support pipeline parallelism "
+                             f"(the chosen layers must run on one rank); spread the model with "
+                             f"--tensor-parallel-size instead")
+
+
 def model_and_layers(args: argparse.Namespace) -> tuple[Any, list[int]]:
     """The model's text config and the layer ids (``--layers`` or the default),
     checked against it; :class:`UsageError` for a directory that is not a model
@@ -163,6 +179,7 @@ def model_and_layers(args: argparse.Namespace) -> tuple[Any, list[int]]:
 
 
 def options_from_args(args: argparse.Namespace) -> tuple[EngineOptions, ConnectorConfig, ExtractorOptions]:
+    check_layout(args)
     config, layers = model_and_layers(args)
     engine = from_args(EngineOptions, args, layer_ids=layers, engine_args=dict(args.engine_arg))
     # ConnectorConfig requires the budget to hold one request of max_model_len

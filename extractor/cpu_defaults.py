@@ -1,13 +1,14 @@
 """Defaults for vLLM's CPU engine where the user set none: a KV cache sized from
 ``--max-model-len``, ``--max-num-seqs`` and the free memory
-(``VLLM_CPU_KVCACHE_SPACE``), compute threads bound to every usable core
-(``VLLM_CPU_OMP_THREADS_BIND``), and, with one rank, the worker inside vLLM's
-EngineCore process.
+(``VLLM_CPU_KVCACHE_SPACE``), compute threads bound to every usable core, split
+between the ranks of a tensor- or data-parallel engine (``VLLM_CPU_OMP_THREADS_BIND``),
+and, with one rank, the worker inside vLLM's EngineCore process.
 
 Why: without ``VLLM_CPU_KVCACHE_SPACE`` vLLM's CPU worker reserves
 ``gpu_memory_utilization`` (0.92) of the NUMA node's memory and refuses to start
 when less is free, which is the usual case on a machine doing anything else; by
-default it binds its threads to one core and reserves the others; and its
+default it binds its threads to one core and reserves the others, and with several
+ranks it wants a NUMA node per rank (an assertion on a one-node machine); and its
 multiprocessing executor (the CPU platform replaces ``"uni"`` with it) spawns a
 Worker process that imports torch and vLLM again, about 10 s of every start.
 
@@ -67,6 +68,26 @@ def cpu_list(cpus: Iterable[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
 
 
+def rank_binding(cpus: Iterable[int], ranks: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` CPU workers: the cores split into
+    that many contiguous lists, as even as they go, joined by ``|`` (``0-3|4-7``).
+    vLLM gives the n-th list to the n-th local rank (data-parallel rank outer,
+    tensor-parallel rank inner). Raises :class:`UsageError` when there are fewer
+    cores than ranks."""
+    ids = sorted(set(cpus))
+    if len(ids) < ranks:
+        raise UsageError(
+            f"--tensor-parallel-size × --data-parallel-size = {ranks} CPU workers need a core each, but this "
+            f"process may use {len(ids)} ({cpu_list(ids)}): lower them, or set {BIND_ENV} yourself")
+    per, extra = divmod(len(ids), ranks)
+    lists, start = [], 0
+    for rank in range(ranks):
+        size = per + (rank < extra)
+        lists.append(cpu_list(ids[start:start + size]))
+        start += size
+    return "|".join(lists)
+
+
 def _gib(n: float) -> str:
     return f"{n / GiB:.2f} GiB"
 
@@ -119,10 +140,10 @@ def cpu_engine_defaults(config: Any, *, dtype: str, max_model_len: int, max_num_
     the block vLLM holds back), at most :data:`KV_FRACTION` of the room (the memory
     left after the weights and :data:`ENGINE_OVERHEAD`) or :data:`KV_FLOOR_GIB` if
     that is more and fits, at least one sequence, in whole GiB (vLLM reads the
-    variable as an integer). Threads: bound to ``cpus`` when the
-    engine has one rank (with more, vLLM's ``auto`` splits the cores between them);
-    then, unless the user chose an executor or a binding, the worker runs in the
-    EngineCore process with OpenMP bound to the same cores (``worker_env``).
+    variable as an integer). Threads: ``cpus`` split between the ranks
+    (:func:`rank_binding`); with one rank, unless the user chose an executor or a
+    binding, the worker runs in the EngineCore process with OpenMP bound to the
+    same cores (``worker_env``).
     A variable in ``environ`` is kept, and a KV cache size the user chose is checked.
     Raises :class:`UsageError` when one sequence cannot fit.
     """
@@ -156,9 +177,9 @@ def cpu_engine_defaults(config: Any, *, dtype: str, max_model_len: int, max_num_
         env[KV_ENV] = str(gib)
         sequences = (gib * GiB - null) // sequence
     worker_env: dict[str, str] = {}
-    if BIND_ENV not in kept and world_size == 1:
-        env[BIND_ENV] = cpu_list(cpus)
-        if not executor_chosen:
+    if BIND_ENV not in kept:
+        env[BIND_ENV] = rank_binding(cpus, world_size)
+        if world_size == 1 and not executor_chosen:
             ids = sorted(set(cpus))
             worker_env = {"OMP_NUM_THREADS": str(len(ids)), "OMP_PLACES": "{" + ",".join(map(str, ids)) + "}",
                           "OMP_PROC_BIND": "true"}

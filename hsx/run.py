@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from hsx.dataset.reader import Dataset
 from hsx.dataset.storage import dataset_name, is_object_store, open_payload_store, open_storage
-from hsx.extractor.cli import add_model_arguments, as_argv, model_and_layers
+from hsx.extractor.cli import add_model_arguments, as_argv, check_layout, model_and_layers
 from hsx.ledger import Ledger, LedgerFeed
 from hsx.local.broker import EmbeddedBroker
 from hsx.local.commands import extract_command, sink_command
@@ -152,6 +152,7 @@ class RunPlan:
 
 def run(args: argparse.Namespace) -> int:
     lines, mapping, on_invalid = input_from_args(args)
+    check_layout(args)
     model_and_layers(args)  # the layer ids too: the extractor, a child process, would find them wrong only later
     if not is_object_store(args.output):
         outside("--output", args.output, "INPUT", args.file)  # a datasets directory as input

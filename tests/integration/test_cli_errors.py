@@ -9,6 +9,7 @@ invocations of issue 17 also run as ``python -m hsx.cli`` from a plain shell."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -80,6 +81,8 @@ LOCAL = [
     (["extract", "--model", "{tiny}", "--stats-file", "/nonexistent/stats.json", *BAD], USAGE,
      "--stats-file /nonexistent/stats.json: no directory /nonexistent"),
     (["extract", *BAD], USAGE, "the following arguments are required: --model"),
+    (["extract", "--model", "{tiny}", "--pipeline-parallel-size", "2", *BAD], USAGE,
+     "hsx extract: --pipeline-parallel-size 2: hidden-state extraction does not support pipeline parallelism"),
     (["sink", "--output", "/proc/x", *BAD], USAGE, "--output /proc/x: /proc is on a virtual filesystem"),
     (["sink", "--output", "{prompts}/x", *BAD], USAGE, "{prompts} is a file, not a directory"),
     (["sink", "--output", "{prompts}", *BAD], USAGE, "--output {prompts}: exists and is not a directory"),
@@ -91,8 +94,7 @@ LOCAL = [
     (["sink", "--output", "gs://bucket/x", *BAD], USAGE, "dataset gs://bucket/x: gs:// is not supported"),
     (["sink", "--output", "s3://bucket/x", "--upload-part-bytes", "100", *BAD], USAGE,
      "argument --upload-part-bytes: must be at least 5242880, got 100"),
-    pytest.param(["sink", "--output", "{locked}/out", *BAD], USAGE, "{locked} is not writable",
-                 marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")),
+    (["sink", "--output", "{locked}/out", *BAD], USAGE, "{locked} is not writable"),
     (["run", "/nonexistent.jsonl", "--model", "{tiny}", "--output", "{tmp}/o"], USAGE,
      "cannot read /nonexistent.jsonl"),
     (["run", "{prompts}", "--model", "/nonexistent", "--output", "{tmp}/o"], USAGE,
@@ -104,6 +106,8 @@ LOCAL = [
     (["run", "{prompts}", "--model", "{tiny}", "--output", "{tmp}/o", "--layers", "1,99"], USAGE,
      "layer ids go up to num_hidden_layers = 4"),
     (["run", "{hf}", "--model", "{tiny}", "--output", "{hf}/out"], USAGE, "--output {hf}/out: inside INPUT {hf}"),
+    (["run", "{prompts}", "--model", "{tiny}", "--output", "{tmp}/o", "--engine-arg", "pipeline_parallel_size=2"],
+     USAGE, "hsx run: --engine-arg pipeline_parallel_size 2: hidden-state extraction does not support"),
     (["inspect", "/nonexistent"], USAGE, "hsx inspect: no dataset at /nonexistent"),
     (["inspect", "{empty}"], USAGE, "no index in it, so not a dataset written by hsx sink"),
     (["inspect", "{prompts}"], USAGE, "a file, but not a shard"),
@@ -146,10 +150,9 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     (root / "config_only" / "config.json").write_text("{}")
     (root / "empty").mkdir()
     (root / "dataset" / "index").mkdir(parents=True)
-    (root / "locked").mkdir(mode=0o500)
     (root / "rows.csv").write_text("a,b\n")
     hf = write_hf_dataset(text_rows(3), root / "hf")
-    with socket.socket() as busy:
+    with _locked_directory(root / "locked"), socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         yield {"tiny": str(models.prepare(names=["tiny-llama"])["tiny-llama"]),
@@ -157,6 +160,25 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
                "config_only": str(root / "config_only"), "empty": str(root / "empty"),
                "dataset": str(root / "dataset"), "locked": str(root / "locked"), "hf": str(hf),
                "busy": str(busy.getsockname()[1])}
+
+
+@contextlib.contextmanager
+def _mounted_read_only(path: Path) -> Iterator[None]:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _locked_directory(path: Path) -> contextlib.ExitStack:
+    """A directory hsx may not write to. Permission bits do not stop root (CI runs
+    as root), so there it is a read-only mount, which stops everyone."""
+    path.mkdir(mode=0o500)
+    stack = contextlib.ExitStack()
+    if os.geteuid() == 0:
+        stack.enter_context(_mounted_read_only(path))
+    return stack
 
 
 @pytest.fixture(autouse=True)

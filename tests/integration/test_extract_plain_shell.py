@@ -1,7 +1,8 @@
 """``hsx extract`` from a plain shell: no ``VLLM_*`` or ``HSX_*`` variables (the
 Makefile no longer exports any), so the extractor picks the CPU engine's KV cache
-and thread binding itself, keeps what the user set, and says in one line what to
-change when memory is too small."""
+and thread binding itself (a share of the cores per rank of a tensor-parallel
+engine), keeps what the user set, and says in one line what to change when memory
+or cores are too few."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import pytest
 from confluent_kafka import Producer
 
 from hsx import models
-from hsx.extractor.cpu_defaults import BIND_ENV, KV_ENV, cpu_list
+from hsx.extractor.cpu_defaults import BIND_ENV, KV_ENV, cpu_list, rank_binding
+from hsx.extractor.engine import default_layer_ids
 from hsx.local.commands import extract_command
 from hsx.local.spawn import HsxService, cpu_engine_env
 from hsx.local.topics import fresh_topics
 from tests.drain import drain
 from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.reference import HFReference, max_relative_error
 from tests.engine_helpers import reassemble
 
 pytestmark = pytest.mark.integration
@@ -44,13 +47,17 @@ def extract(kafka: KafkaSettings, topics: TopicSettings, log_dir: Path, name: st
         return extractor.wait(900), extractor.logs()
 
 
+def _publish(kafka: KafkaSettings, topic: str, events: list[dict[str, object]]) -> None:
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    for event in events:
+        producer.produce(topic, key=str(event["request_id"]).encode(), value=orjson.dumps(event))
+    assert producer.flush(30) == 0
+
+
 @pytest.mark.engine
 def test_extract_runs_without_any_vllm_variable(kafka: KafkaSettings, tmp_path: Path) -> None:
     topics = fresh_topics(kafka, partitions=1)
-    producer = Producer({"bootstrap.servers": kafka.bootstrap})
-    for prompt in PROMPTS:
-        producer.produce(topics.prompts, key=prompt["request_id"].encode(), value=orjson.dumps(prompt))
-    assert producer.flush(30) == 0
+    _publish(kafka, topics.prompts, PROMPTS)
 
     status, log = extract(kafka, topics, tmp_path, "plain", "--max-model-len", "512",
                           env=plain_shell_env(kafka.bootstrap))
@@ -81,3 +88,42 @@ def test_a_max_model_len_no_memory_holds_is_one_line(kafka: KafkaSettings, tmp_p
                           "--max-model-len", str(10**9), env=plain_shell_env(kafka.bootstrap))
     line = _one_line_usage_error(status, log)
     assert "--max-model-len 1000000000" in line and KV_ENV in line
+
+
+TP_PROMPTS = [*PROMPTS[:3], {"request_id": "plain-answer", "token_ids": list(range(10, 40)),
+                             "generation": {"max_tokens": 8, "ignore_eos": True}}]
+
+
+@pytest.mark.engine
+def test_tensor_parallel_runs_from_a_plain_shell_and_only_rank_0_sends(kafka: KafkaSettings, tmp_path: Path) -> None:
+    """Two tensor-parallel ranks, each bound to cores of its own. Every rank holds
+    the same hidden states and only rank 0 produces them: one sample per prompt
+    (a second rank sending would double the records, and reassembly rejects
+    duplicates), each equal to HF's forward pass, and the answer HF's greedy one."""
+    topics = fresh_topics(kafka, partitions=1)
+    _publish(kafka, topics.prompts, TP_PROMPTS)
+    status, log = extract(kafka, topics, tmp_path, "tp2", "--max-model-len", "512", "--tensor-parallel-size", "2",
+                          env=plain_shell_env(kafka.bootstrap))
+    assert status == 0, log[-5000:]
+    assert f"{BIND_ENV}={rank_binding(os.sched_getaffinity(0), 2)}" in log
+    samples = reassemble(drain(kafka, topics.blocks, expected=1, timeout=30, settle=3.0))
+    assert {k: len(v) for k, v in samples.items()} == {str(p["request_id"]): 1 for p in TP_PROMPTS}
+    reference = HFReference(models.prepare(names=["tiny-llama"])["tiny-llama"])
+    layers = default_layer_ids(reference.num_layers)
+    for prompt in TP_PROMPTS:
+        (sample,) = samples[str(prompt["request_id"])]
+        m = sample.manifest
+        assert m.token_ids[:len(prompt["token_ids"])] == prompt["token_ids"]
+        if m.generation is not None:
+            answer = m.token_ids[len(prompt["token_ids"]):] + [m.generation.final_token_id]
+            assert answer == reference.greedy(prompt["token_ids"], 8)
+        assert m.layer_ids == layers
+        assert max_relative_error(sample.hidden_states, reference.hidden_states(m.token_ids, layers)) <= 1e-4
+
+
+def test_more_ranks_than_cores_is_one_line(kafka: KafkaSettings, tmp_path: Path) -> None:
+    ranks = len(os.sched_getaffinity(0)) + 1
+    status, log = extract(kafka, fresh_topics(kafka, partitions=1), tmp_path, "too-many-ranks",
+                          "--tensor-parallel-size", str(ranks), env=plain_shell_env(kafka.bootstrap))
+    line = _one_line_usage_error(status, log)
+    assert f"--tensor-parallel-size × --data-parallel-size = {ranks} CPU workers need a core each" in line

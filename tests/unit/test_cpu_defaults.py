@@ -14,7 +14,7 @@ import pytest
 
 from hsx.extractor import cpu_defaults
 from hsx.extractor.cpu_defaults import (BIND_ENV, GiB, KV_ENV, CpuDefaults, cpu_engine_defaults, cpu_list,
-                                    start_failure_reason)
+                                    rank_binding, start_failure_reason)
 from hsx.extractor.model_config import kv_bytes_per_token, weight_bytes
 from hsx.runtime.errors import UsageError
 
@@ -104,7 +104,23 @@ def test_threads_are_bound_to_every_usable_cpu() -> None:
     assert defaults().env[BIND_ENV] == "0-1"
     assert cpu_list({8, 0, 1, 2, 5, 7}) == "0-2,5,7-8"
     assert cpu_list({3}) == "3"
-    assert BIND_ENV not in defaults(world_size=2).env  # vLLM's auto binding splits the cores between ranks
+
+
+
+def test_each_rank_gets_cores_of_its_own() -> None:
+    assert defaults(world_size=2).env[BIND_ENV] == "0|1"
+    assert rank_binding(range(8), 2) == "0-3|4-7"
+    assert rank_binding({0, 1, 2, 3, 4, 9, 10}, 3) == "0-2|3-4|9-10"  # the first ranks take the odd cores
+    assert rank_binding(range(4), 4) == "0|1|2|3"
+    assert defaults(world_size=2, environ={BIND_ENV: "0|1"}).kept == {BIND_ENV: "0|1"}
+
+
+def test_more_ranks_than_cores_is_refused_in_one_line() -> None:
+    with pytest.raises(UsageError) as refused:
+        defaults(world_size=3)
+    assert str(refused.value) == (
+        "--tensor-parallel-size × --data-parallel-size = 3 CPU workers need a core each, but this process may "
+        f"use 2 (0-1): lower them, or set {BIND_ENV} yourself")
 
 
 def test_one_rank_runs_its_worker_in_the_engine_core_bound_to_the_same_cpus() -> None:
