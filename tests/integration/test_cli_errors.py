@@ -25,6 +25,7 @@ from hsx import models
 from hsx.cli import main
 from hsx.runtime.errors import ExitCode
 from hsx.schemas.connector import ConnectorConfig
+from tests.mounts import tmpfs
 from tests.unit.input_files import text_rows, write_hf_dataset, write_jsonl
 
 pytestmark = pytest.mark.integration
@@ -163,22 +164,12 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
 
 
 @contextlib.contextmanager
-def _mounted_read_only(path: Path) -> Iterator[None]:
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)], check=True)
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def _locked_directory(path: Path) -> contextlib.ExitStack:
+def _locked_directory(path: Path) -> Iterator[None]:
     """A directory hsx may not write to. Permission bits do not stop root (CI runs
     as root), so there it is a read-only mount, which stops everyone."""
     path.mkdir(mode=0o500)
-    stack = contextlib.ExitStack()
-    if os.geteuid() == 0:
-        stack.enter_context(_mounted_read_only(path))
-    return stack
+    with tmpfs(path, "ro,size=64k") if os.geteuid() == 0 else contextlib.nullcontext():
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -9,9 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import orjson
 import pytest
-from confluent_kafka import Producer
 
 from hsx import models
 from hsx.extractor.cpu_defaults import BIND_ENV, KV_ENV, cpu_list, rank_binding
@@ -23,6 +21,7 @@ from tests.drain import drain
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.reference import HFReference, max_relative_error
 from tests.engine_helpers import reassemble
+from tests.reliability.harness import as_records, publish
 
 pytestmark = pytest.mark.integration
 
@@ -47,17 +46,10 @@ def extract(kafka: KafkaSettings, topics: TopicSettings, log_dir: Path, name: st
         return extractor.wait(900), extractor.logs()
 
 
-def _publish(kafka: KafkaSettings, topic: str, events: list[dict[str, object]]) -> None:
-    producer = Producer({"bootstrap.servers": kafka.bootstrap})
-    for event in events:
-        producer.produce(topic, key=str(event["request_id"]).encode(), value=orjson.dumps(event))
-    assert producer.flush(30) == 0
-
-
 @pytest.mark.engine
 def test_extract_runs_without_any_vllm_variable(kafka: KafkaSettings, tmp_path: Path) -> None:
     topics = fresh_topics(kafka, partitions=1)
-    _publish(kafka, topics.prompts, PROMPTS)
+    publish(kafka, topics.prompts, as_records(PROMPTS))
 
     status, log = extract(kafka, topics, tmp_path, "plain", "--max-model-len", "512",
                           env=plain_shell_env(kafka.bootstrap))
@@ -101,7 +93,7 @@ def test_tensor_parallel_runs_from_a_plain_shell_and_only_rank_0_sends(kafka: Ka
     (a second rank sending would double the records, and reassembly rejects
     duplicates), each equal to HF's forward pass, and the answer HF's greedy one."""
     topics = fresh_topics(kafka, partitions=1)
-    _publish(kafka, topics.prompts, TP_PROMPTS)
+    publish(kafka, topics.prompts, as_records(TP_PROMPTS))
     status, log = extract(kafka, topics, tmp_path, "tp2", "--max-model-len", "512", "--tensor-parallel-size", "2",
                           env=plain_shell_env(kafka.bootstrap))
     assert status == 0, log[-5000:]

@@ -19,6 +19,7 @@ import pytest
 from hsx.local.spawn import HsxService
 from hsx.local.topics import fresh_topics
 from hsx.runtime.settings import KafkaSettings
+from tests.mounts import tmpfs
 from tests.reliability.harness import committed, index_counts, publish, record_figures, sink_args, wait_until
 from tests.unit.test_assembler import records
 
@@ -30,14 +31,9 @@ TOKENS = 1024  # x 2 layers x 16 x float32 = 128 KiB a sample, more than the ful
 
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "fs"
-    mount.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True)
-    assert result.returncode == 0, f"this test mounts a tmpfs and needs root: {result.stderr.decode()}"
-    try:
+    (tmp_path / "fs").mkdir()
+    with tmpfs(tmp_path / "fs", "size=64k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def _remount(mount: Path, options: str) -> None:
