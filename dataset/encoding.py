@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,8 @@ def encode(sample: Sample, codec: DatasetCodec) -> Sample:
     :mod:`hsx.codecs.fp8`. Its checksum is of what the shard's codec decodes to:
     the dequantized bytes under ``raw`` and ``byteplane-zstd``; under ``fp8`` and
     ``fp8-zstd`` the scales then codes the extractor sent, the frame's own CRC."""
+    if sample.codec is codec and not sample.records and sample.fp8 is None:  # already as stored
+        return sample
     if sample.fp8 is not None:
         return _encode_fp8(sample, codec)
     kept = replace(sample, records=[])
@@ -62,7 +65,7 @@ def encode(sample: Sample, codec: DatasetCodec) -> Sample:
     m = sample.manifest
     shape = (m.captured_tokens, len(m.layer_ids), m.hidden_size)
     raw = sample.hidden_states
-    if codec is DatasetCodec.BYTEPLANE_ZSTD and _records_fit(sample.records):
+    if codec is DatasetCodec.BYTEPLANE_ZSTD and records_fit(sample.records):
         payload = b"".join(sample.records)
     else:
         try:
@@ -86,7 +89,7 @@ def _encode_fp8(sample: Sample, codec: DatasetCodec) -> Sample:
     return replace(kept, hidden_states=stored, checksum=checksum(raw))
 
 
-def _records_fit(records: list[Buffer]) -> bool:
+def records_fit(records: Sequence[Buffer]) -> bool:
     """Whether the records, back to back, are a ``byteplane-zstd`` sample as
     they are: every one byte-plane coded, the first starting at row 0 (the
     assembler checked that they tile the rest in order)."""

@@ -18,7 +18,7 @@ class Sample:
     once :func:`hsx.dataset.encoding.encode` ran, the bytes its shard stores."""
 
     manifest: Manifest
-    hidden_states: bytes
+    hidden_states: bytes | memoryview
     offsets: list[int]
     """Offsets of all its records (blocks and manifest) in the partition."""
     records: list[Buffer] = field(default_factory=list)

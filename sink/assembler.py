@@ -19,7 +19,7 @@ block records.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -28,11 +28,13 @@ import orjson
 from pydantic import ValidationError
 from typing_extensions import Buffer
 
-from hsx.codecs.block import CorruptBlock, decode_block, read_header
+from hsx.codecs.block import CorruptBlock, combined_checksum, decode_block, read_header, verify_block
 from hsx.codecs.fp8_blocks import fp8_rows
+from hsx.dataset.encoding import records_fit
 from hsx.dataset.sample import Sample
 from hsx.runtime.errors import InvalidInput
 from hsx.schemas import BlockRecordHeaders, ErrorClass, Manifest, RecordKind, format_validation_error
+from hsx.schemas.dataset_codec import DatasetCodec
 
 
 @dataclass
@@ -81,11 +83,18 @@ class _Pending:
 
 
 class Assembler:
-    """Turns one partition's records into samples and rejections."""
+    """Turns one partition's records into samples and rejections.
 
-    def __init__(self, incomplete_timeout: float = 600.0) -> None:
+    ``stored_as`` is the dataset codec the samples go to. Under ``byteplane-zstd``
+    a sample whose block records are stored as they came
+    (:func:`~hsx.dataset.encoding.records_fit`) comes out already encoded: each
+    block is verified in a reused buffer and its raw bytes are never kept, which
+    saves the sink a sample-sized allocation and the page faults of filling it."""
+
+    def __init__(self, incomplete_timeout: float = 600.0, stored_as: DatasetCodec = DatasetCodec.RAW) -> None:
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._timeout = incomplete_timeout
+        self._keep_records = stored_as is DatasetCodec.BYTEPLANE_ZSTD
 
     @property
     def pending_bytes(self) -> int:
@@ -121,14 +130,15 @@ class Assembler:
                                        f"{len(pending.blocks)} block record(s) of its attempt arrived", offsets,
                                        request_id, record.value)
             return Staged(manifest, record.offset, record.value)
-        return _sample(manifest, {i: r.value for i, r in pending.blocks.items()}, offsets, record.value)
+        return self._sample(manifest, {i: r.value for i, r in pending.blocks.items()}, offsets, record.value)
 
-    @staticmethod
-    def complete(staged: Staged, blocks: Sequence[Buffer], location: str) -> Sample | RejectedRecords:
-        """The sample of a by-reference manifest from its blocks' values, as read
-        from the staged object at ``location``; a block that does not verify is
-        ``payload_corrupt`` naming it."""
-        done = _sample(staged.manifest, dict(enumerate(blocks)), [staged.offset], staged.value)
+    def complete(self, staged: Staged, staged_object: memoryview, location: str) -> Sample | RejectedRecords:
+        """The sample of a by-reference manifest from the staged object read from
+        ``location`` (its blocks back to back, as the manifest's offsets say); a
+        block that does not verify is ``payload_corrupt`` naming it."""
+        blocks = {ref.index: staged_object[ref.offset or 0:(ref.offset or 0) + ref.compressed_nbytes]
+                  for ref in staged.manifest.blocks}
+        done = self._sample(staged.manifest, blocks, [staged.offset], staged.value, back_to_back=staged_object)
         if isinstance(done, RejectedRecords):
             error_class = ErrorClass.PAYLOAD_CORRUPT if done.error_class is ErrorClass.CORRUPT_BLOCK else done.error_class
             return staged.reject(error_class, f"staged object {location}: {done.reason}")
@@ -157,17 +167,22 @@ class Assembler:
                         sorted(r.offset for r in pending.blocks.values()), request_id)
 
 
-def _sample(manifest: Manifest, blocks: dict[int, Buffer], offsets: list[int],
-            manifest_value: bytes) -> Sample | RejectedRecords:
-    """The sample the manifest vouches for, from its blocks' values by index."""
-    try:
-        _check_headers(manifest, blocks)
-        records = [blocks[ref.index] for ref in manifest.blocks]
-        if manifest.quantization is None:
+    def _sample(self, manifest: Manifest, blocks: dict[int, Buffer], offsets: list[int], manifest_value: bytes,
+                back_to_back: memoryview | None = None) -> Sample | RejectedRecords:
+        """The sample the manifest vouches for, from its blocks' values by index
+        (and all of them in one buffer, in order, when they came so)."""
+        try:
+            _check_headers(manifest, blocks)
+            records = [blocks[ref.index] for ref in manifest.blocks]
+            if manifest.quantization is not None:
+                return Sample(manifest, b"", offsets, records, fp8=_fp8_decoded(manifest, records))
+            if self._keep_records and records_fit(records):
+                stored = back_to_back if back_to_back is not None else b"".join(records)
+                return Sample(manifest, stored, offsets, codec=DatasetCodec.BYTEPLANE_ZSTD,
+                              checksum=_verified(manifest, records))
             return Sample(manifest, _decoded(manifest, records), offsets, records)
-        return Sample(manifest, b"", offsets, records, fp8=_fp8_decoded(manifest, records))
-    except InvalidInput as exc:
-        return RejectedRecords(exc.error_class, exc.reason, offsets, manifest.request_id, manifest_value)
+        except InvalidInput as exc:
+            return RejectedRecords(exc.error_class, exc.reason, offsets, manifest.request_id, manifest_value)
 
 
 def _check_headers(manifest: Manifest, blocks: dict[int, Buffer]) -> None:
@@ -204,6 +219,16 @@ def _decoded(manifest: Manifest, records: list[Buffer]) -> bytearray:
         with _corrupt(ref.index):
             decode_block(record, out=rows[(ref.token_start - first) * row:(ref.token_end - first) * row])
     return raw
+
+
+def _verified(manifest: Manifest, records: list[Buffer]) -> str:
+    """Verify each block (decoded into a reused buffer, nothing kept); the
+    checksum of the sample's raw bytes, combined from the blocks'."""
+    headers = []
+    for ref, record in zip(manifest.blocks, records):
+        with _corrupt(ref.index):
+            headers.append(verify_block(record))
+    return combined_checksum(headers)
 
 
 def _fp8_decoded(manifest: Manifest, records: list[Buffer]) -> tuple[np.ndarray, np.ndarray]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from hsx.runtime.errors import HsxError
 from hsx.schemas import HiddenStatesReady, ShardIndex
+from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.schemas.keys import token_key
 from hsx.sink.assembler import Assembler, Staged
 from hsx.sink.keys import KeyIndex, load_keys
@@ -91,7 +92,8 @@ class PartitionState:
     _indexes: OrderedDict[int, dict[str, HiddenStatesReady]] = field(default_factory=OrderedDict)
 
     @classmethod
-    def load(cls, storage: Storage, topic: str, partition: int, incomplete_timeout: float) -> PartitionState:
+    def load(cls, storage: Storage, topic: str, partition: int, incomplete_timeout: float,
+             stored_as: DatasetCodec = DatasetCodec.RAW) -> PartitionState:
         """The partition as the dataset left it: a shard a crash left without an
         index is removed (its records are replayed), indexed samples are known.
         Costs a listing of the partition's index and key files and a read per key
@@ -100,7 +102,7 @@ class PartitionState:
         indexed = partition_stems(storage, INDEX, prefix, ".json")
         for orphan in remove_orphans(storage, prefix, indexed[-1] if indexed else None):
             log.warning("removed %s: written before a crash, never indexed (its records will be replayed)", orphan)
-        return cls(topic, partition, Assembler(incomplete_timeout), OpenShard(topic, partition),
+        return cls(topic, partition, Assembler(incomplete_timeout, stored_as), OpenShard(topic, partition),
                    load_keys(storage, prefix, indexed))
 
     @property

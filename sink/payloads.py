@@ -78,7 +78,7 @@ class PayloadReader:
         done: list[Sample | RejectedRecords] = []
         for index, staged in enumerate(waiting):
             try:
-                done.append(self.fetch(staged))
+                done.append(self.fetch(staged, state.assembler))
             except NoPayloadStore as exc:  # a restart with a store redoes it: nothing of it is committed
                 self._fail(exc)
                 return done
@@ -91,7 +91,7 @@ class PayloadReader:
         state.fetch_backoff.reset()
         return done
 
-    def fetch(self, staged: Staged) -> Sample | RejectedRecords:
+    def fetch(self, staged: Staged, assembler: Assembler) -> Sample | RejectedRecords:
         """The sample, or why it cannot be one. Raises ``OSError`` when the store
         does not answer (retry later) and :class:`NoPayloadStore`."""
         manifest, payload = staged.manifest, staged.manifest.payload
@@ -105,16 +105,14 @@ class PayloadReader:
             return staged.reject(ErrorClass.PAYLOAD_FORBIDDEN, f"the manifest names {payload.key!r}; "
                                  f"its attempt's staged object can only be {expected!r}")
         location = self.location(payload.key)
-        ranges = [(b.offset or 0, (b.offset or 0) + b.compressed_nbytes) for b in manifest.blocks]
-        try:
-            blocks = self._storage.read_ranges(payload.key, ranges)
+        try:  # the blocks tile the object (the manifest's schema checks it): one read, one buffer
+            (whole,) = self._storage.read_ranges(payload.key, [(0, payload.nbytes)])
         except FileNotFoundError:
             return staged.reject(ErrorClass.PAYLOAD_MISSING, f"staged object {location} does not exist")
-        got = sum(len(b) for b in blocks)
-        if got != payload.nbytes:  # ranges past the end come back cut
+        if len(whole) != payload.nbytes:  # a range past the end comes back cut
             return staged.reject(ErrorClass.PAYLOAD_CORRUPT, f"staged object {location} is shorter than its "
-                                 f"manifest says ({got} of {payload.nbytes} bytes)")
-        return Assembler.complete(staged, blocks, location)  # views of what was read: no copy
+                                 f"manifest says ({len(whole)} of {payload.nbytes} bytes)")
+        return assembler.complete(staged, whole, location)
 
 
 class StagedObjects:

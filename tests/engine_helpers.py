@@ -46,7 +46,7 @@ def reassemble(records: list[Message], payloads: Storage | None = None) -> dict[
             Record(record.offset(), record.key(), record.value(), record.headers()))
         if isinstance(result, Staged):
             # fetch() itself raises NoPayloadStore when ``payloads`` is None; ``fail`` serves the sink's loop only.
-            result = PayloadReader(payloads, fail=lambda error: None).fetch(result)
+            result = PayloadReader(payloads, fail=lambda error: None).fetch(result, assemblers[record.partition()])
         assert not isinstance(result, RejectedRecords), result
         if result is not None:
             m = result.manifest

@@ -17,6 +17,7 @@ every decode. Codec version 2 blocks carry fp8 rows instead (:mod:`hsx.codecs.fp
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import TypeVar
 
 from typing_extensions import Buffer
@@ -75,6 +76,16 @@ def checksum(*parts: Buffer) -> str:
     crc = 0
     for part in parts:
         crc = isal_zlib.crc32(part, crc)
+    return f"crc32:{crc & 0xFFFFFFFF:08x}"
+
+
+def combined_checksum(headers: Sequence[BlockHeader]) -> str:
+    """The checksum of the blocks' raw bytes back to back, from their own
+    checksums and sizes (CRC32's combine rule): a sample's checksum without its
+    raw bytes in memory."""
+    crc = 0
+    for header in headers:
+        crc = isal_zlib.crc32_combine(crc, int(header.checksum.removeprefix("crc32:"), 16), header.raw_nbytes)
     return f"crc32:{crc & 0xFFFFFFFF:08x}"
 
 
@@ -212,6 +223,15 @@ def decode_block(value: Buffer, out: memoryview | None = None) -> tuple[BlockHea
     if actual != header.checksum:
         raise CorruptBlock(f"checksum mismatch: {actual} != {header.checksum}")
     return header, raw
+
+
+def verify_block(value: Buffer) -> BlockHeader:
+    """Check a record as :func:`decode_block` does, decoding it into a reused
+    per-thread buffer: for records stored as they came, whose raw bytes nobody
+    keeps. Unquantized blocks only."""
+    header, _ = read_header(value)
+    decode_block(value, out=memoryview(_scratch("verify", header.raw_nbytes)))
+    return header
 
 
 def _decode_parts(header: BlockHeader, payload: memoryview) -> bytes:

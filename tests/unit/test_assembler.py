@@ -9,9 +9,11 @@ import orjson
 import pytest
 import torch
 
-from hsx.codecs.block import encode_block, read_header
+from hsx.codecs.block import checksum, encode_block, read_header
+from hsx.dataset.encoding import encode
 from hsx.dataset.sample import Sample
 from hsx.schemas import BlockRecordHeaders, BlockRef, Codec, DType, Manifest, RecordKind, SourceRef
+from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.sink.assembler import Assembler, Record, RejectedRecords
 
 LAYERS, HIDDEN = 2, 16
@@ -56,8 +58,31 @@ def test_interleaved_requests_reassemble_bit_exact() -> None:
     assert by_id["a"].offsets == [0, 1, 2, 3] and by_id["b"].offsets == [100, 101]
 
 
-def _rejected(recs: list[Record]) -> RejectedRecords:
-    (result,) = feed(Assembler(), recs)
+def test_records_kept_as_they_came_are_what_encoding_the_decoded_sample_stores() -> None:
+    """Under byteplane-zstd the assembler verifies the blocks without keeping their
+    raw bytes; the sample it gives is the one a decoded sample encodes to, its
+    checksum (combined from the blocks') that of the raw bytes."""
+    recs, hidden = records(tokens=10, per_block=3)
+    (kept,) = feed(Assembler(stored_as=DatasetCodec.BYTEPLANE_ZSTD), recs)
+    (decoded,) = feed(Assembler(), recs)
+    assert isinstance(kept, Sample) and isinstance(decoded, Sample)
+    assert decoded.hidden_states == hidden.numpy().tobytes()
+    assert kept.codec is DatasetCodec.BYTEPLANE_ZSTD and not kept.records
+    assert kept.checksum == checksum(hidden.numpy().tobytes())
+    assert encode(kept, DatasetCodec.BYTEPLANE_ZSTD) is kept
+    stored = encode(decoded, DatasetCodec.BYTEPLANE_ZSTD)
+    assert (bytes(kept.hidden_states), kept.checksum) == (bytes(stored.hidden_states), stored.checksum)
+
+
+@pytest.fixture(params=[DatasetCodec.RAW, DatasetCodec.BYTEPLANE_ZSTD], ids=["decoded", "kept"])
+def stored_as(request: pytest.FixtureRequest) -> DatasetCodec:
+    """Both ways the assembler verifies blocks: decoding them into the sample, or
+    in a scratch buffer when the records are stored as they came."""
+    return request.param  # type: ignore[no-any-return]
+
+
+def _rejected(recs: list[Record], stored_as: DatasetCodec = DatasetCodec.RAW) -> RejectedRecords:
+    (result,) = feed(Assembler(stored_as=stored_as), recs)
     assert isinstance(result, RejectedRecords)
     return result
 
@@ -66,16 +91,16 @@ def _mangle(record: Record, value: bytes) -> Record:
     return Record(record.offset, record.key, value, record.headers)
 
 
-def test_flipped_byte_is_rejected() -> None:
+def test_flipped_byte_is_rejected(stored_as: DatasetCodec) -> None:
     recs, _ = records()
     value = bytearray(recs[1].value)
     value[-5] ^= 0xFF
-    assert _rejected([recs[0], _mangle(recs[1], bytes(value)), *recs[2:]]).error_class == "corrupt_block"
+    assert _rejected([recs[0], _mangle(recs[1], bytes(value)), *recs[2:]], stored_as).error_class == "corrupt_block"
 
 
-def test_truncated_block_is_rejected() -> None:
+def test_truncated_block_is_rejected(stored_as: DatasetCodec) -> None:
     recs, _ = records()
-    assert _rejected([_mangle(recs[0], recs[0].value[:-10]), *recs[1:]]).error_class == "corrupt_block"
+    assert _rejected([_mangle(recs[0], recs[0].value[:-10]), *recs[1:]], stored_as).error_class == "corrupt_block"
 
 
 def test_manifest_without_its_blocks_is_rejected() -> None:
