@@ -8,6 +8,7 @@ the loss mask lines up with them.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,17 +49,18 @@ class PromptPreparer:
             self._check_vocabulary(prepared.token_ids)
         elif _regenerates_turns(event):
             assert event.messages is not None
-            prepared = self._regeneration(event.messages)
+            prepared = self._regeneration(event.messages, event.chat_template_kwargs or {})
         else:
             assert event.messages is not None
-            prepared = self._chat(_turns_to_keep(event.messages, event.generation), event.generation is not None)
+            prepared = self._chat(_turns_to_keep(event.messages, event.generation), event.chat_template_kwargs or {},
+                                  answer=event.generation is not None)
         if not prepared.token_ids:
             raise PromptRejected(ErrorClass.EMPTY_PROMPT, "the prompt is empty after tokenization")
         self._check_room(prepared, event.generation)
         return prepared
 
-    def _regeneration(self, messages: list[Message]) -> PreparedPrompt:
-        plan = regeneration.plan(messages, self._render, self._template_ids)
+    def _regeneration(self, messages: list[Message], variables: dict[str, Any]) -> PreparedPrompt:
+        plan = regeneration.plan(messages, lambda dicts, prompt: self._render(dicts, variables, prompt), self._template_ids)
         if plan is None:
             raise PromptRejected(ErrorClass.CHAT_TEMPLATE_UNSUPPORTED,
                                  "the chat template rewrites assistant content, so answers cannot be placed turn by turn")
@@ -92,19 +94,21 @@ class PromptPreparer:
                 + (f" ({len(bad)} such ids)" if len(bad) > 1 else ""),
             )
 
-    def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+    def _render(self, messages: list[dict[str, str]], variables: dict[str, Any],
+                add_generation_prompt: bool = False) -> str:
+        """The chat as text; ``variables``: the event's ``chat_template_kwargs``."""
         try:
             return self._tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt, **variables
             )
         except Exception as exc:  # jinja2 errors, raise_exception() in templates, missing template
             raise PromptRejected(ErrorClass.CHAT_TEMPLATE_ERROR, f"the chat template rejected the messages: {exc}") from exc
 
-    def _chat(self, messages: list[Message], answer: bool = False) -> PreparedPrompt:
+    def _chat(self, messages: list[Message], variables: dict[str, Any], answer: bool = False) -> PreparedPrompt:
         """Render a chat; with ``answer``, ending in the generation prompt the
         verifier answers after. The loss mask marks the given assistant turns."""
         dicts = [{"role": m.role, "content": m.content} for m in messages]
-        text = self._render(dicts, add_generation_prompt=answer)
+        text = self._render(dicts, variables, add_generation_prompt=answer)
         char_spans = []
         for i, message in enumerate(messages):
             if message.role != "assistant":
@@ -112,15 +116,18 @@ class PromptPreparer:
             # The assistant turn is what rendering it adds after the generation
             # prompt of the conversation so far. This needs a template whose
             # renderings of prefixes are prefixes of the full rendering.
-            before = self._render(dicts[:i], add_generation_prompt=True) if i else ""
-            upto = self._render(dicts[: i + 1])
-            if not (upto.startswith(before) and text.startswith(upto)):
+            history = self._render(dicts[:i], variables) if i else ""
+            upto = self._render(dicts[: i + 1], variables)
+            if not (upto.startswith(history) and text.startswith(upto)):
                 raise PromptRejected(
                     ErrorClass.CHAT_TEMPLATE_UNSUPPORTED,
                     "the chat template does not render conversation prefixes as prefixes, "
                     f"so the assistant turn {i} cannot be located",
                 )
-            char_spans.append((len(before), len(upto)))
+            # After as much of the generation prompt as the turn repeats: a prompt may
+            # pre-fill more (Qwen3's empty thought, thinking off) than a past turn shows.
+            prompted = self._render(dicts[:i], variables, add_generation_prompt=True) if i else ""
+            char_spans.append((max(len(history), len(os.path.commonprefix([prompted, upto]))), len(upto)))
         encoding = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         spans = _token_spans(encoding["offset_mapping"], char_spans)
         return PreparedPrompt(encoding["input_ids"], spans)

@@ -36,10 +36,11 @@ def answer_positions(messages: list[Message]) -> list[int]:
     return positions
 
 
-def plan(messages: list[Message], render: Callable[[list[dict[str, str]]], str],
+def plan(messages: list[Message], render: Callable[[list[dict[str, str]], bool], str],
          tokenize: Callable[[str], list[int]]) -> RegenerationPlan | None:
     """The pieces, or ``None`` when the template does not keep the sentinels in
-    order (it rewrites assistant content), so the answers cannot be placed."""
+    order (it rewrites assistant content), so the answers cannot be placed.
+    ``render(chat, add_generation_prompt)``."""
     positions = answer_positions(messages)
     dicts = [{"role": m.role, "content": m.content} for m in messages]
     for k, position in enumerate(positions):
@@ -48,14 +49,17 @@ def plan(messages: list[Message], render: Callable[[list[dict[str, str]]], str],
             dicts.append(answer)
         else:
             dicts[position] = answer
-    text = render(dicts)
+    text = render(dicts, False)
     pieces: list[list[int]] = []
     start = 0
-    for k in range(len(positions)):
+    for k, position in enumerate(positions):
         at = text.find(_SENTINEL.format(k), start)
         if at < 0:
             return None
-        pieces.append(tokenize(text[start:at]))
+        # The answer's prompt ends as the template's generation prompt ends it,
+        # which may pre-fill more than a past turn shows (Qwen3's empty thought).
+        prompted = render(dicts[:position], True)
+        pieces.append(tokenize(prompted[start:] if prompted.startswith(text[:at]) else text[start:at]))
         start = at + len(_SENTINEL.format(k))
     return RegenerationPlan(pieces)
 

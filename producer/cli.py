@@ -24,7 +24,7 @@ from hsx.runtime.kafka import RecordProducer, ensure_topics
 from hsx.runtime.kafka.admin import ONE_SHOT_CONNECT_TIMEOUT, add_connect_timeout
 from hsx.runtime.logs import redact_secrets
 from hsx.runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings, overrides
-from hsx.schemas import Generation, format_validation_error
+from hsx.schemas import Generation, PromptEvent, format_validation_error
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,11 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
         help="let the verifier answer every prompt and capture prompt + answer, e.g. "
         "max_tokens=512,temperature=0.7,seed=1 (hsx.schemas.Generation's fields; a row's own 'generation' wins)",
     )
+    parser.add_argument(
+        "--chat-template-kwargs", type=_template_kwargs, metavar="JSON",
+        help='variables for the model\'s chat template, for every chat, e.g. \'{"enable_thinking": false}\' '
+        "(a row's own 'chat_template_kwargs' wins)",
+    )
     parser.add_argument("--turns", choices=["all", "last"],
                         help="with --generate, for chats: regenerate every assistant turn, or only the last")
     parser.add_argument(
@@ -114,6 +119,7 @@ def input_from_args(args: argparse.Namespace) -> PromptInput:
         id_field=args.id_field,
         metadata_fields=tuple(f for f in args.metadata_fields.split(",") if f),
         generation=generation,
+        chat_template_kwargs=args.chat_template_kwargs,
     )
     return PromptInput(InputRows(spec), mapping, args.on_invalid)
 
@@ -134,6 +140,20 @@ def _generation(text: str) -> Generation:
         return Generation.model_validate(fields, strict=False)
     except ValidationError as exc:
         raise argparse.ArgumentTypeError(format_validation_error(exc)) from None
+
+
+def _template_kwargs(text: str) -> dict[str, object]:
+    """A JSON object, checked as a prompt event checks its ``chat_template_kwargs``."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    try:
+        PromptEvent.model_validate({"request_id": "flag", "messages": [{"role": "user", "content": "x"}],
+                                    "chat_template_kwargs": value})
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(format_validation_error(exc)) from None
+    return value  # type: ignore[no-any-return]
 
 
 def run(args: argparse.Namespace) -> int:

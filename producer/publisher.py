@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import orjson
 from pydantic import ValidationError
@@ -52,6 +53,8 @@ class Mapping:
     metadata_fields: tuple[str, ...] = ()
     generation: Generation | None = None
     """Attached to every event that does not ask for a generation of its own."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Attached to every chat that has none of its own."""
 
 
 @dataclass
@@ -85,6 +88,9 @@ def parse_line(line: SourceLine, mapping: Mapping, limits: PromptLimits = DEFAUL
         raise InvalidLine(line, ErrorClass.INVALID_SHAPE, str(exc)) from exc
     if mapping.generation is not None and isinstance(event, dict) and "generation" not in event:
         event["generation"] = mapping.generation.model_dump(exclude_none=True)
+    if (mapping.chat_template_kwargs is not None and isinstance(event, dict) and "messages" in event
+            and "chat_template_kwargs" not in event):
+        event["chat_template_kwargs"] = mapping.chat_template_kwargs
     try:
         return PromptEvent.model_validate_json(orjson.dumps(event), context={"limits": limits})
     except ValidationError as exc:

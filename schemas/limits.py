@@ -20,6 +20,7 @@ class PromptLimits:
     max_message_chars: int = 1_000_000
     max_metadata_bytes: int = 64 * 1024
     max_metadata_depth: int = 8
+    max_template_kwargs_bytes: int = 4 * 1024
     max_generated_tokens: int = 8192
 
 

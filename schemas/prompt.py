@@ -26,6 +26,14 @@ from hsx.schemas.limits import DEFAULT_LIMITS, limits_of as _limits
 Role = Literal["system", "user", "assistant", "tool"]
 PromptKind = Literal["prompt", "token_ids", "messages"]
 
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "messages", "conversation", "add_generation_prompt", "continue_final_message", "tools", "documents",
+    "chat_template", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
+"""Names ``chat_template_kwargs`` may not use: transformers' ``apply_chat_template``
+takes them as its own arguments, and the extractor sets them itself."""
+
 
 def _depth(value: Any) -> int:
     if isinstance(value, dict):
@@ -68,6 +76,9 @@ class PromptEvent(StrictModel):
     capture: Capture | None = None
     """``last``: store only the final input token's hidden states, ``[1, L, H]``;
     unset or ``all``: every input token's."""
+    chat_template_kwargs: dict[str, JsonValue] | None = None
+    """Variables for the model's chat template, with ``messages`` only: e.g.
+    ``{"enable_thinking": false}`` for a Qwen3-style reasoning model."""
 
     @classmethod
     def model_validate_json(  # type: ignore[override]
@@ -148,6 +159,26 @@ class PromptEvent(StrictModel):
             raise ValueError(f"metadata is {size} bytes as JSON, more than {limits.max_metadata_bytes}")
         return value
 
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs_rule(
+        cls, value: dict[str, Any] | None, info: ValidationInfo
+    ) -> dict[str, Any] | None:
+        if value is None:
+            return value
+        for name in value:
+            if not name.isidentifier():
+                raise ValueError(f"chat_template_kwargs name {name[:64]!r} is not an identifier")
+            if name in RESERVED_TEMPLATE_KWARGS:
+                raise ValueError(f"chat_template_kwargs may not set {name!r}: hsx sets it")
+        limits = _limits(info)
+        if _depth(value) > limits.max_metadata_depth:
+            raise ValueError(f"chat_template_kwargs nested deeper than {limits.max_metadata_depth} levels")
+        size = len(orjson.dumps(value))
+        if size > limits.max_template_kwargs_bytes:
+            raise ValueError(f"chat_template_kwargs is {size} bytes as JSON, more than {limits.max_template_kwargs_bytes}")
+        return value
+
     @model_validator(mode="after")
     def _exactly_one_input(self) -> PromptEvent:
         given = [name for name in ("prompt", "token_ids", "messages") if getattr(self, name) is not None]
@@ -156,6 +187,8 @@ class PromptEvent(StrictModel):
             raise ValueError(
                 f"exactly one of 'prompt', 'token_ids', 'messages' must be set (got: {got})"
             )
+        if self.chat_template_kwargs is not None and self.messages is None:
+            raise ValueError("chat_template_kwargs apply to 'messages' only: a chat template renders them")
         return self
 
     @property

@@ -222,3 +222,25 @@ def test_turns_needs_generate(tmp_path: Path) -> None:
     path.write_bytes(b'{"prompt": "hi"}\n')
     with pytest.raises(UsageError, match="--turns only makes sense with --generate"):
         input_from_args(parse(str(path), "--turns", "all"))
+
+
+def test_chat_template_kwargs_attach_to_chats_without_their_own(tmp_path: Path) -> None:
+    from hsx.producer.publisher import parse_line
+
+    path = tmp_path / "chats.jsonl"
+    chat = '"messages": [{"role": "user", "content": "hi"}]'
+    path.write_text(f'{{{chat}}}\n{{{chat}, "chat_template_kwargs": {{"enable_thinking": true}}}}\n{{"prompt": "hi"}}\n')
+    prompt_input = input_from_args(parse(str(path), "--chat-template-kwargs", '{"enable_thinking": false}'))
+    first, second, text = (parse_line(line, prompt_input.mapping) for line in prompt_input.lines)
+    assert first.chat_template_kwargs == {"enable_thinking": False}
+    assert second.chat_template_kwargs == {"enable_thinking": True}  # the row's own wins
+    assert text.chat_template_kwargs is None  # a text prompt has no template
+
+
+@pytest.mark.parametrize("value, phrase", [("{bad", "not JSON"), ('{"messages": []}', "may not set 'messages'"),
+                                           ("[1]", "dict_type")])
+def test_bad_chat_template_kwargs_name_the_rule(value: str, phrase: str, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse(str(tmp_path / "x.jsonl"), "--chat-template-kwargs", value)
+    assert exit_.value.code == 2 and phrase in capsys.readouterr().err

@@ -17,11 +17,15 @@ SMALL = PromptLimits(
     max_message_chars=50,
     max_metadata_bytes=200,
     max_metadata_depth=3,
+    max_template_kwargs_bytes=100,
 )
 
 
 def ev(**fields: object) -> bytes:
     return orjson.dumps({"request_id": "r-1", **fields})
+
+
+CHAT = [{"role": "user", "content": "Hi"}]
 
 
 def deep(levels: int) -> dict:
@@ -99,6 +103,18 @@ INVALID = [
      "generation.beam_width", "extra_forbidden"),
     ("generation-not-object", ev(prompt="x", generation=5), "generation", "model_type"),
     ("capture-unknown", ev(prompt="x", capture="first"), "capture", "literal_error"),
+    # Chat-template variables: for chats only, named like variables, never the template call's own arguments.
+    ("template-kwargs-on-text", ev(prompt="x", chat_template_kwargs={"enable_thinking": True}), "(event)",
+     "apply to 'messages' only"),
+    ("template-kwargs-not-object", ev(messages=CHAT, chat_template_kwargs=[1]), "chat_template_kwargs", "dict_type"),
+    ("template-kwargs-bad-name", ev(messages=CHAT, chat_template_kwargs={"a b": 1}), "chat_template_kwargs",
+     "is not an identifier"),
+    ("template-kwargs-reserved", ev(messages=CHAT, chat_template_kwargs={"add_generation_prompt": False}),
+     "chat_template_kwargs", "may not set 'add_generation_prompt'"),
+    ("template-kwargs-too-deep", ev(messages=CHAT, chat_template_kwargs=deep(4)), "chat_template_kwargs",
+     "deeper than 3"),
+    ("template-kwargs-too-big", ev(messages=CHAT, chat_template_kwargs={"k": "v" * 120}), "chat_template_kwargs",
+     "more than 100"),
 ]
 
 
@@ -135,6 +151,11 @@ def test_chat_event_accepted() -> None:
     event = PromptEvent.model_validate_json(ev(messages=messages))
     assert event.kind == "messages"
     assert event.messages == [Message(**m) for m in messages]
+
+
+def test_chat_with_template_kwargs_accepted() -> None:
+    event = PromptEvent.model_validate_json(ev(messages=CHAT, chat_template_kwargs={"enable_thinking": False}))
+    assert event.chat_template_kwargs == {"enable_thinking": False}
 
 
 def test_request_id_allows_full_alphabet() -> None:

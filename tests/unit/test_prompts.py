@@ -90,3 +90,30 @@ def test_generation_must_fit_with_every_answer(tokenizer) -> None:  # type: igno
     with pytest.raises(PromptRejected, match=r"2 x max_tokens 30 do not fit max_model_len 64") as caught:
         preparer.prepare(event(messages=CHAT, generation={"max_tokens": 30}))
     assert caught.value.error_class == "prompt_too_long"
+
+
+THINKING_SWITCH = (  # Qwen3's switch, on ChatML: thinking off pre-fills an empty thought
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}"
+    "{% endif %}")
+
+
+@pytest.mark.parametrize("turns", ["last", "all"])
+def test_chat_template_kwargs_reach_the_template(tokenizer, turns: str) -> None:  # type: ignore[no-untyped-def]
+    """An event's ``chat_template_kwargs`` are the template's variables, for one
+    answer and for answers regenerated turn by turn; without them the template's
+    default holds."""
+    thinking = copy.deepcopy(tokenizer)
+    thinking.chat_template = THINKING_SWITCH
+    preparer = PromptPreparer(thinking, len(thinking), 512)
+    generation = {"max_tokens": 4, "turns": turns}
+
+    def prompt(**variables: object) -> str:
+        prepared = preparer.prepare(event(messages=CHAT, generation=generation, **variables))
+        return thinking.decode(prepared.token_ids)  # the prompt of the first (or only) answer
+
+    off = prompt(chat_template_kwargs={"enable_thinking": False})
+    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"), off
+    for on in (prompt(chat_template_kwargs={"enable_thinking": True}), prompt()):
+        assert on.endswith("<|im_start|>assistant\n"), on
