@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="prepare the bundled models")
     models_commands = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    prepare = models_commands.add_parser("prepare", help="build the tiny test model and SmolLM2 (cached)")
+    prepare = models_commands.add_parser("prepare", help="build the tiny test models (Llama, Qwen3) and SmolLM2 (cached)")
     prepare.add_argument("--dir", type=Path, help="cache directory (env HSX_CACHE_DIR, default ~/.cache/hsx)")
     prepare.set_defaults(handler=_models_prepare)
 

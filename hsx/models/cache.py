@@ -95,12 +95,12 @@ def is_complete(directory: Path, recipe: Recipe) -> bool:
         return False
 
 
-def check_saved_config(dest: Path) -> None:
-    """Raise ``ModelPrepareError`` unless ``dest`` is a dense Llama checkpoint vLLM will load as such."""
+def check_saved_config(dest: Path, architecture: str = "LlamaForCausalLM") -> None:
+    """Raise ``ModelPrepareError`` unless ``dest`` is a dense ``architecture`` checkpoint vLLM will load as such."""
     # vLLM picks its model class from `architectures` and would treat a leftover
     # `quantization_config` as a quantized checkpoint, so both are checked on disk.
     config = json.loads((dest / "config.json").read_text(encoding="utf-8"))
-    if config.get("architectures") != ["LlamaForCausalLM"]:
+    if config.get("architectures") != [architecture]:
         raise ModelPrepareError(f"unexpected architectures in {dest}: {config.get('architectures')}")
     if "quantization_config" in config:
         raise ModelPrepareError(f"{dest}/config.json still has a quantization_config")

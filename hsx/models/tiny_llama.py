@@ -7,6 +7,7 @@ model. Seed and corpus are fixed, so every build is byte-identical.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,12 @@ def tiny_corpus() -> tuple[str, ...]:
     return tuple(json.loads(line) for line in text.splitlines())
 
 
-def train_tiny_tokenizer() -> Any:
-    """Train a byte-level BPE on ``tiny_corpus()`` and wrap it as a ``PreTrainedTokenizerFast``."""
+def train_tiny_tokenizer(extra_tokens: Sequence[str] = ()) -> Any:
+    """Train a byte-level BPE on ``tiny_corpus()`` and wrap it as a ``PreTrainedTokenizerFast``.
+
+    ``extra_tokens`` are added after training as added (not special) tokens, one id each,
+    after the BPE vocabulary; tiny-llama adds none.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -80,6 +85,8 @@ def train_tiny_tokenizer() -> Any:
         unk_token=ENDOFTEXT,
         model_max_length=TINY_MAX_POSITIONS,
     )
+    if extra_tokens:
+        tokenizer.add_tokens(list(extra_tokens))
     tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
 

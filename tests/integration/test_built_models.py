@@ -31,13 +31,20 @@ def load_hf(prepared: dict[str, Path]) -> Callable[[str], tuple[Any, Any]]:
     return load
 
 
+ARCHITECTURES = {
+    "tiny-llama": "LlamaForCausalLM",
+    "smollm2-135m-instruct": "LlamaForCausalLM",
+    "tiny-qwen3": "Qwen3ForCausalLM",
+}
+
+
 @pytest.mark.parametrize("name", models.MODEL_NAMES)
-def test_model_dir_is_plain_float32_llama(prepared: dict[str, Path], name: str) -> None:
+def test_model_dir_is_plain_float32(prepared: dict[str, Path], name: str) -> None:
     from safetensors import safe_open
 
     path = prepared[name]
     config = json.loads((path / "config.json").read_text())
-    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert config["architectures"] == [ARCHITECTURES[name]]
     assert "quantization_config" not in config
     weights = sorted(path.glob("*.safetensors"))
     assert weights
@@ -109,6 +116,24 @@ def test_tiny_chat_template_renders_chatml(load_hf: Callable[[str], tuple[Any, A
     )
     without_prompt = tokenizer.apply_chat_template(messages, tokenize=False)
     assert not without_prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_tiny_qwen3_shape_and_thinking_switch(load_hf: Callable[[str], tuple[Any, Any]]) -> None:
+    tokenizer, model = load_hf("tiny-qwen3")
+    config = model.config
+    assert (config.hidden_size, config.num_hidden_layers, config.intermediate_size) == (128, 4, 256)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 32)
+    assert config.vocab_size == len(tokenizer)
+    assert tokenizer.eos_token == "<|im_end|>"
+    think = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
+    assert tokenizer("<think></think>", add_special_tokens=False).input_ids == think
+    messages = [{"role": "user", "content": "Hi!"}]
+    prompt = "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
+    render = functools.partial(
+        tokenizer.apply_chat_template, messages, tokenize=False, add_generation_prompt=True
+    )
+    assert render() == render(enable_thinking=True) == prompt
+    assert render(enable_thinking=False) == prompt + "<think>\n\n</think>\n\n"
 
 
 def test_smollm2_greedy_continuation_is_sensible(load_hf: Callable[[str], tuple[Any, Any]]) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from hsx import models
 from hsx.extractor.prompts import PromptPreparer, PromptRejected
+from hsx.models.tiny_qwen3 import QWEN3_CHAT_TEMPLATE
 from hsx.schemas import PromptEvent
 
 
@@ -92,20 +93,13 @@ def test_generation_must_fit_with_every_answer(tokenizer) -> None:  # type: igno
     assert caught.value.error_class == "prompt_too_long"
 
 
-THINKING_SWITCH = (  # Qwen3's switch, on ChatML: thinking off pre-fills an empty thought
-    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}"
-    "{% endif %}")
-
-
 @pytest.mark.parametrize("turns", ["last", "all"])
 def test_chat_template_kwargs_reach_the_template(tokenizer, turns: str) -> None:  # type: ignore[no-untyped-def]
     """An event's ``chat_template_kwargs`` are the template's variables, for one
     answer and for answers regenerated turn by turn; without them the template's
     default holds."""
     thinking = copy.deepcopy(tokenizer)
-    thinking.chat_template = THINKING_SWITCH
+    thinking.chat_template = QWEN3_CHAT_TEMPLATE  # tiny-qwen3's: Qwen3's thinking switch on ChatML
     preparer = PromptPreparer(thinking, len(thinking), 512)
     generation = {"max_tokens": 4, "turns": turns}
 
