@@ -37,9 +37,9 @@ def plain_shell_env(bootstrap: str, **extra: str) -> dict[str, str]:
 
 
 def extract(kafka: KafkaSettings, topics: TopicSettings, log_dir: Path, name: str, *extra: str,
-            env: dict[str, str]) -> tuple[int, str]:
-    """``hsx extract`` on the tiny model until idle: its exit status and log."""
-    tiny = models.prepare(names=["tiny-llama"])["tiny-llama"]
+            env: dict[str, str], model: str = "tiny-llama") -> tuple[int, str]:
+    """``hsx extract`` on a tiny model until idle: its exit status and log."""
+    tiny = models.prepare(names=[model])[model]
     command = extract_command(kafka.bootstrap, topics, tiny, "--exit-when-idle", "5", *extra,
                               group=f"g-{topics.prompts}")
     with HsxService(name, command, log_dir, env=env) as extractor:
