@@ -82,27 +82,34 @@ def test_a_max_model_len_no_memory_holds_is_one_line(kafka: KafkaSettings, tmp_p
     assert "--max-model-len 1000000000" in line and KV_ENV in line
 
 
-TP_PROMPTS = [*PROMPTS[:3], {"request_id": "plain-answer", "token_ids": list(range(10, 40)),
+TWO_RANK_PROMPTS = [*PROMPTS[:3], {"request_id": "plain-answer", "token_ids": list(range(10, 40)),
                              "generation": {"max_tokens": 8, "ignore_eos": True}}]
 
 
 @pytest.mark.engine
-def test_tensor_parallel_runs_from_a_plain_shell_and_only_rank_0_sends(kafka: KafkaSettings, tmp_path: Path) -> None:
-    """Two tensor-parallel ranks, each bound to cores of its own. Every rank holds
-    the same hidden states and only rank 0 produces them: one sample per prompt
-    (a second rank sending would double the records, and reassembly rejects
-    duplicates), each equal to HF's forward pass, and the answer HF's greedy one."""
+@pytest.mark.parametrize("layout", ["--tensor-parallel-size", "--data-parallel-size"], ids=["tp2", "dp2"])
+def test_two_ranks_run_from_a_plain_shell_and_each_prompt_is_sent_once(kafka: KafkaSettings, tmp_path: Path,
+                                                                        layout: str) -> None:
+    """Two ranks, each bound to cores of its own. Tensor parallel: every rank
+    holds the same hidden states and only rank 0 produces them. Data parallel:
+    two engine cores share the prompts (vLLM balances them), each with its own
+    connector, each sending its own. Either way one sample per prompt (a rank
+    sending twice would double the records, and reassembly rejects duplicates; a
+    rank not sending would leave its prompts unfinished), each equal to HF's
+    forward pass, and the answer HF's greedy one."""
     topics = fresh_topics(kafka, partitions=1)
-    publish(kafka, topics.prompts, as_records(TP_PROMPTS))
-    status, log = extract(kafka, topics, tmp_path, "tp2", "--max-model-len", "512", "--tensor-parallel-size", "2",
+    publish(kafka, topics.prompts, as_records(TWO_RANK_PROMPTS))
+    status, log = extract(kafka, topics, tmp_path, layout.split("-")[2], "--max-model-len", "512", layout, "2",
                           env=plain_shell_env(kafka.bootstrap))
     assert status == 0, log[-5000:]
     assert f"{BIND_ENV}={rank_binding(os.sched_getaffinity(0), 2)}" in log
+    if layout == "--data-parallel-size":
+        assert "EngineCore_DP1" in log and "local_rank=0, core ids=[" in log
     samples = reassemble(drain(kafka, topics.blocks, expected=1, timeout=30, settle=3.0))
-    assert {k: len(v) for k, v in samples.items()} == {str(p["request_id"]): 1 for p in TP_PROMPTS}
+    assert {k: len(v) for k, v in samples.items()} == {str(p["request_id"]): 1 for p in TWO_RANK_PROMPTS}
     reference = HFReference(models.prepare(names=["tiny-llama"])["tiny-llama"])
     layers = default_layer_ids(reference.num_layers)
-    for prompt in TP_PROMPTS:
+    for prompt in TWO_RANK_PROMPTS:
         (sample,) = samples[str(prompt["request_id"])]
         m = sample.manifest
         assert m.token_ids[:len(prompt["token_ids"])] == prompt["token_ids"]
