@@ -42,6 +42,11 @@ class PromptPreparer:
 
     def prepare(self, event: PromptEvent) -> PreparedPrompt:
         """Raises :class:`PromptRejected` with a rule name and a reason."""
+        if event.images:
+            message, part, _ = event.images[0]
+            raise PromptRejected(ErrorClass.IMAGES_UNSUPPORTED,
+                                 f"messages.{message}.content part {part} is an image: image prompts do not reach the "
+                                 f"engine yet (hsx passes token ids only); {len(event.images)} image(s) in the chat")
         if event.prompt is not None:
             prepared = PreparedPrompt(self._tokenizer(event.prompt)["input_ids"], None)
         elif event.token_ids is not None:
@@ -107,7 +112,7 @@ class PromptPreparer:
     def _chat(self, messages: list[Message], variables: dict[str, Any], answer: bool = False) -> PreparedPrompt:
         """Render a chat; with ``answer``, ending in the generation prompt the
         verifier answers after. The loss mask marks the given assistant turns."""
-        dicts = [{"role": m.role, "content": m.content} for m in messages]
+        dicts = [{"role": m.role, "content": m.text} for m in messages]
         text = self._render(dicts, variables, add_generation_prompt=answer)
         char_spans = []
         for i, message in enumerate(messages):

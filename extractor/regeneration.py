@@ -42,7 +42,7 @@ def plan(messages: list[Message], render: Callable[[list[dict[str, str]], bool],
     order (it rewrites assistant content), so the answers cannot be placed.
     ``render(chat, add_generation_prompt)``."""
     positions = answer_positions(messages)
-    dicts = [{"role": m.role, "content": m.content} for m in messages]
+    dicts = [{"role": m.role, "content": m.text} for m in messages]
     for k, position in enumerate(positions):
         answer = {"role": "assistant", "content": _SENTINEL.format(k)}
         if position == len(messages):

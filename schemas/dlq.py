@@ -29,6 +29,8 @@ class ErrorClass(StrEnum):
     TOKEN_OUT_OF_VOCABULARY = "token_out_of_vocabulary"
     CHAT_TEMPLATE_ERROR = "chat_template_error"
     CHAT_TEMPLATE_UNSUPPORTED = "chat_template_unsupported"
+    IMAGES_UNSUPPORTED = "images_unsupported"
+    """A chat with images, which this extractor cannot run (the message names the part)."""
     ENGINE_REJECTED = "engine_rejected"
     EXTRACTION_FAILED = "extraction_failed"
     GENERATION_FAILED = "generation_failed"

@@ -21,6 +21,10 @@ class PromptLimits:
     max_metadata_bytes: int = 64 * 1024
     max_metadata_depth: int = 8
     max_template_kwargs_bytes: int = 4 * 1024
+    max_image_bytes: int = 2 * 1024 * 1024
+    """Decoded bytes of one image (base64 in the event adds a third)."""
+    max_images: int = 16
+    """Images in one event."""
     max_generated_tokens: int = 8192
 
 

@@ -7,10 +7,14 @@ come from a :class:`PromptLimits` passed as validation context
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import base64
+import binascii
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import (
+    Field,
+    TypeAdapter,
     JsonValue,
     ValidationError,
     ValidationInfo,
@@ -43,20 +47,116 @@ def _depth(value: Any) -> int:
     return 0
 
 
+IMAGE_MEDIA_TYPES = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
+"""The image formats a prompt may embed, with the bytes each file starts with."""
+
+
+class TextPart(StrictModel):
+    """A piece of a message's text (OpenAI's content part ``{"type": "text"}``)."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ImageUrl(StrictModel):
+    url: str
+    """``data:image/png;base64,...`` or ``data:image/jpeg;base64,...``: the image
+    itself. Remote URLs and file paths are refused: hsx fetches nothing."""
+    detail: Literal["auto", "low", "high"] | None = None
+    """Accepted for OpenAI compatibility; the model's processor decides the resolution."""
+
+    @field_validator("url")
+    @classmethod
+    def _embedded_image(cls, value: str, info: ValidationInfo) -> str:
+        image_bytes(value, _limits(info).max_image_bytes)
+        return value
+
+
+class ImagePart(StrictModel):
+    """An image in a message (OpenAI's content part ``{"type": "image_url"}``)."""
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+_PARTS: TypeAdapter[list[TextPart | ImagePart]] = TypeAdapter(list[ContentPart])
+
+
+def image_bytes(url: str, limit: int) -> bytes:
+    """The image a data URI holds; ``ValueError`` saying which rule it breaks."""
+    if not url.startswith("data:"):
+        if url.startswith(("http://", "https://", "ftp://", "s3://", "gs://")):
+            raise ValueError("remote image URLs are refused (hsx fetches nothing): embed the image as "
+                             "data:image/png;base64,...")
+        raise ValueError("file paths and other URLs are refused: embed the image as data:image/png;base64,...")
+    header, comma, data = url.partition(",")
+    media_type, _, encoding = header[len("data:"):].partition(";")
+    if not comma or encoding != "base64":
+        raise ValueError("an image data URI must be base64: data:image/png;base64,...")
+    if media_type not in IMAGE_MEDIA_TYPES:
+        raise ValueError(f"image type {media_type[:64]!r} is not one of {', '.join(IMAGE_MEDIA_TYPES)}")
+    if len(data) > 4 * ((limit + 2) // 3):  # before decoding: an oversized image costs no decode
+        raise ValueError(f"image is more than the limit of {limit} bytes")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"image data is not valid base64: {exc}") from None
+    if len(raw) > limit:
+        raise ValueError(f"image is {len(raw)} bytes, more than the limit of {limit}")
+    if not raw.startswith(IMAGE_MEDIA_TYPES[media_type]):
+        raise ValueError(f"image data is not a {media_type.split('/')[1].upper()} file")
+    return raw
+
+
 class Message(StrictModel):
-    """One chat turn. Content may be empty (an empty system prompt is common);
-    the chat as a whole must say something."""
+    """One chat turn. Content is text, or OpenAI-style content parts: text and,
+    in user turns, images as data URIs. Content may be empty (an empty system
+    prompt is common); the chat as a whole must say something."""
 
     role: Role
-    content: str
+    content: str | list[ContentPart]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _parts(cls, value: Any, info: ValidationInfo) -> Any:
+        """Content parts validated here, so an error reads ``part 1.image_url.url: ...``
+        rather than through every member of the union."""
+        if not isinstance(value, list):
+            return value  # a string, or the wrong type: the union says which
+        try:
+            return _PARTS.validate_python(value, context=info.context)
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            index, *rest = error["loc"]
+            where = ".".join(str(p) for p in [index, *rest[1:]])  # rest[0]: the part's type, as the union tags it
+            raise ValueError(f"part {where}: {error['msg'].removeprefix('Value error, ')}") from None
 
     @field_validator("content")
     @classmethod
-    def _bounded(cls, value: str, info: ValidationInfo) -> str:
+    def _bounded(cls, value: str | list[TextPart | ImagePart], info: ValidationInfo) -> str | list[TextPart | ImagePart]:
         limit = _limits(info).max_message_chars
-        if len(value) > limit:
+        text = value if isinstance(value, str) else "".join(p.text for p in value if isinstance(p, TextPart))
+        if len(text) > limit:
             raise ValueError(f"message content longer than {limit} characters")
         return value
+
+    @model_validator(mode="after")
+    def _images_from_users(self) -> Message:
+        if self.images and self.role != "user":
+            raise ValueError(f"images are allowed in user messages only, not in a {self.role} message")
+        return self
+
+    @property
+    def text(self) -> str:
+        """The text, parts joined by newlines (as vLLM's OpenAI server joins them)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    @property
+    def images(self) -> list[ImagePart]:
+        return [] if isinstance(self.content, str) else [p for p in self.content if isinstance(p, ImagePart)]
 
 
 class PromptEvent(StrictModel):
@@ -137,11 +237,14 @@ class PromptEvent(StrictModel):
             return value
         if not value:
             raise ValueError("messages must not be empty")
-        limit = _limits(info).max_messages
-        if len(value) > limit:
-            raise ValueError(f"more than {limit} messages")
-        if not any(m.content.strip() for m in value):
+        limits = _limits(info)
+        if len(value) > limits.max_messages:
+            raise ValueError(f"more than {limits.max_messages} messages")
+        if not any(m.text.strip() or m.images for m in value):
             raise ValueError("every message content is empty")
+        images = sum(len(m.images) for m in value)
+        if images > limits.max_images:
+            raise ValueError(f"{images} images, more than {limits.max_images}")
         return value
 
     @field_validator("metadata")
@@ -190,6 +293,12 @@ class PromptEvent(StrictModel):
         if self.chat_template_kwargs is not None and self.messages is None:
             raise ValueError("chat_template_kwargs apply to 'messages' only: a chat template renders them")
         return self
+
+    @property
+    def images(self) -> list[tuple[int, int, ImagePart]]:
+        """Every image of the chat as (message index, part index, part)."""
+        return [(i, j, part) for i, m in enumerate(self.messages or []) if not isinstance(m.content, str)
+                for j, part in enumerate(m.content) if isinstance(part, ImagePart)]
 
     @property
     def kind(self) -> PromptKind:

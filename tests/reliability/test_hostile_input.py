@@ -18,7 +18,7 @@ from tests.drain import drain
 from hsx.dataset.reader import open_dataset
 from hsx.runtime.settings import KafkaSettings
 from tests.reliability.harness import dead_letters, extract_args, index_counts, publish, record_figures, sink_args
-from tests.unit.test_prompt_event import INVALID, SMALL
+from tests.unit.test_prompt_event import INVALID, SMALL, data_uri
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
@@ -35,6 +35,10 @@ ENGINE_AND_WIRE = [
     ("token-out-of-vocabulary", orjson.dumps({"request_id": "h-oov", "token_ids": [1, 2, 900_000]}),
      "token_out_of_vocabulary"),
     ("token-id-int32-max", orjson.dumps({"request_id": "h-max", "token_ids": [2**31 - 1]}), "token_out_of_vocabulary"),
+    # A valid chat with an image: the extractor cannot run it yet, and says which part.
+    ("image-prompt", orjson.dumps({"request_id": "h-img", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is in it?"}, {"type": "image_url", "image_url": {"url": data_uri()}}]}]}),
+     "images_unsupported"),
     # 100 characters (within the event limits) that tokenize into more than --max-model-len tokens.
     ("too-long-for-the-model", orjson.dumps({"request_id": "h-long", "prompt": "\U0001d518" * 100}), "prompt_too_long"),
 ]

@@ -3,6 +3,8 @@ field and the rule it broke."""
 
 from __future__ import annotations
 
+import base64
+
 import orjson
 import pytest
 from pydantic import ValidationError
@@ -18,6 +20,8 @@ SMALL = PromptLimits(
     max_metadata_bytes=200,
     max_metadata_depth=3,
     max_template_kwargs_bytes=100,
+    max_image_bytes=100,
+    max_images=2,
 )
 
 
@@ -26,6 +30,19 @@ def ev(**fields: object) -> bytes:
 
 
 CHAT = [{"role": "user", "content": "Hi"}]
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(40)
+
+
+def image(url: str) -> dict[str, object]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def data_uri(data: bytes = PNG, media_type: str = "image/png") -> str:
+    return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+
+
+def with_image(url: str, role: str = "user") -> list[dict[str, object]]:
+    return [{"role": role, "content": [{"type": "text", "text": "What is this?"}, image(url)]}]
 
 
 def deep(levels: int) -> dict:
@@ -71,7 +88,27 @@ INVALID = [
     ("message-bad-role", ev(messages=[{"role": "robot", "content": "x"}]), "messages.0.role", "literal_error"),
     ("message-missing-content", ev(messages=[{"role": "user"}]), "messages.0.content", "missing"),
     ("message-extra-field", ev(messages=[{"role": "user", "content": "x", "name": "bob"}]), "messages.0.name", "extra_forbidden"),
-    ("message-content-list", ev(messages=[{"role": "user", "content": [{"type": "text"}]}]), "messages.0.content", "string_type"),
+    ("message-part-without-text", ev(messages=[{"role": "user", "content": [{"type": "text"}]}]), "messages.0.content",
+     "part 0.text: Field required"),
+    ("message-part-unknown-type", ev(messages=[{"role": "user", "content": [{"type": "video"}]}]), "messages.0.content",
+     "part 0: Input tag 'video'"),
+    # Images: embedded PNG or JPEG data URIs only, bounded; nothing is ever fetched.
+    ("image-remote-url", ev(messages=with_image("https://example.com/cat.png")), "messages.0.content",
+     "part 1.image_url.url: remote image URLs are refused"),
+    ("image-file-path", ev(messages=with_image("/etc/passwd")), "messages.0.content", "file paths and other URLs"),
+    ("image-file-url", ev(messages=with_image("file:///etc/passwd")), "messages.0.content", "file paths and other URLs"),
+    ("image-not-base64", ev(messages=with_image("data:image/png,rawbytes")), "messages.0.content", "must be base64"),
+    ("image-bad-base64", ev(messages=with_image("data:image/png;base64,!!!")), "messages.0.content", "not valid base64"),
+    ("image-gif", ev(messages=with_image(data_uri(b"GIF89a", "image/gif"))), "messages.0.content",
+     "'image/gif' is not one of image/png, image/jpeg"),
+    ("image-not-a-png", ev(messages=with_image(data_uri(b"\xff\xd8\xff" + bytes(9)))), "messages.0.content",
+     "not a PNG file"),
+    ("image-too-big", ev(messages=with_image(data_uri(PNG + bytes(100)))), "messages.0.content",
+     "more than the limit of 100"),
+    ("image-in-assistant-turn", ev(messages=with_image(data_uri(), role="assistant")), "messages.0",
+     "images are allowed in user messages only"),
+    ("images-too-many", ev(messages=[{"role": "user", "content": [image(data_uri())] * 3}]), "messages",
+     "3 images, more than 2"),
     ("message-not-object", ev(messages=["hello"]), "messages.0", "model_type"),
     ("messages-all-empty", ev(messages=[{"role": "user", "content": " "}]), "messages", "every message content is empty"),
     ("messages-too-many", ev(messages=[{"role": "user", "content": "x"}] * 4), "messages", "more than 3"),
@@ -156,6 +193,14 @@ def test_chat_event_accepted() -> None:
 def test_chat_with_template_kwargs_accepted() -> None:
     event = PromptEvent.model_validate_json(ev(messages=CHAT, chat_template_kwargs={"enable_thinking": False}))
     assert event.chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_chat_with_images_accepted() -> None:
+    messages = [{"role": "user", "content": [image(data_uri()), image(data_uri(b"\xff\xd8\xff" + bytes(9), "image/jpeg"))]},
+                {"role": "assistant", "content": [{"type": "text", "text": "Two"}, {"type": "text", "text": "images."}]}]
+    event = PromptEvent.model_validate_json(ev(messages=messages), context={"limits": SMALL})
+    assert [(i, j) for i, j, _ in event.images] == [(0, 0), (0, 1)]
+    assert event.messages is not None and event.messages[1].text == "Two\nimages."
 
 
 def test_request_id_allows_full_alphabet() -> None:

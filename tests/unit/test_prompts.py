@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 
 import orjson
@@ -111,3 +112,19 @@ def test_chat_template_kwargs_reach_the_template(tokenizer, turns: str) -> None:
     assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"), off
     for on in (prompt(chat_template_kwargs={"enable_thinking": True}), prompt()):
         assert on.endswith("<|im_start|>assistant\n"), on
+
+
+def test_text_parts_render_as_their_text(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "there"}]}]
+    preparer = PromptPreparer(tokenizer, len(tokenizer), 256)
+    assert preparer.prepare(event(messages=parts)).token_ids == preparer.prepare(
+        event(messages=[{"role": "user", "content": "hello\nthere"}])).token_ids
+
+
+def test_an_image_prompt_is_refused_naming_the_part(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    png = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(8)).decode()
+    chat = [{"role": "user", "content": "hi"},
+            {"role": "user", "content": [{"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": {"url": png}}]}]
+    with pytest.raises(PromptRejected) as info:
+        PromptPreparer(tokenizer, len(tokenizer), 256).prepare(event(messages=chat))
+    assert info.value.error_class == "images_unsupported" and "messages.1.content part 1 is an image" in str(info.value)
