@@ -39,6 +39,14 @@ RESERVED_TEMPLATE_KWARGS = frozenset({
 takes them as its own arguments, and the extractor sets them itself."""
 
 
+def _check_json_bounds(field: str, value: dict[str, Any], max_bytes: int, max_depth: int) -> None:
+    if _depth(value) > max_depth:
+        raise ValueError(f"{field} nested deeper than {max_depth} levels")
+    size = len(orjson.dumps(value))
+    if size > max_bytes:
+        raise ValueError(f"{field} is {size} bytes as JSON, more than {max_bytes}")
+
+
 def _depth(value: Any) -> int:
     if isinstance(value, dict):
         return 1 + max((_depth(v) for v in value.values()), default=0)
@@ -252,14 +260,9 @@ class PromptEvent(StrictModel):
     def _metadata_rule(
         cls, value: dict[str, Any] | None, info: ValidationInfo
     ) -> dict[str, Any] | None:
-        if value is None:
-            return value
-        limits = _limits(info)
-        if _depth(value) > limits.max_metadata_depth:
-            raise ValueError(f"metadata nested deeper than {limits.max_metadata_depth} levels")
-        size = len(orjson.dumps(value))
-        if size > limits.max_metadata_bytes:
-            raise ValueError(f"metadata is {size} bytes as JSON, more than {limits.max_metadata_bytes}")
+        if value is not None:
+            limits = _limits(info)
+            _check_json_bounds("metadata", value, limits.max_metadata_bytes, limits.max_metadata_depth)
         return value
 
     @field_validator("chat_template_kwargs")
@@ -275,11 +278,7 @@ class PromptEvent(StrictModel):
             if name in RESERVED_TEMPLATE_KWARGS:
                 raise ValueError(f"chat_template_kwargs may not set {name!r}: hsx sets it")
         limits = _limits(info)
-        if _depth(value) > limits.max_metadata_depth:
-            raise ValueError(f"chat_template_kwargs nested deeper than {limits.max_metadata_depth} levels")
-        size = len(orjson.dumps(value))
-        if size > limits.max_template_kwargs_bytes:
-            raise ValueError(f"chat_template_kwargs is {size} bytes as JSON, more than {limits.max_template_kwargs_bytes}")
+        _check_json_bounds("chat_template_kwargs", value, limits.max_template_kwargs_bytes, limits.max_metadata_depth)
         return value
 
     @model_validator(mode="after")

@@ -94,7 +94,12 @@ def train_tiny_tokenizer(extra_tokens: Sequence[str] = ()) -> Any:
 def _tiny_llama_config(tokenizer: Any) -> Any:
     from transformers import LlamaConfig
 
-    return LlamaConfig(
+    return LlamaConfig(**tiny_text_sizes(tokenizer))
+
+
+def tiny_text_sizes(tokenizer: Any) -> dict[str, Any]:
+    """The tiny decoders' shared config fields: their sizes and special tokens."""
+    return dict(
         # Exactly the tokenizer's size: no embedding rows that no text can produce.
         vocab_size=len(tokenizer),
         hidden_size=128,
@@ -112,15 +117,21 @@ def _tiny_llama_config(tokenizer: Any) -> Any:
     )
 
 
-def _init_tiny_llama(config: Any) -> Any:
+def seeded(model_class: Any, config: Any) -> Any:
+    """``model_class(config)`` with random weights from ``TINY_SEED``, float32, eval mode."""
     import torch
-    from transformers import LlamaForCausalLM
 
     # fork_rng keeps the caller's global RNG state untouched by our fixed seed.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TINY_SEED)
-        model = LlamaForCausalLM(config)
+        model = model_class(config)
     return model.to(torch.float32).eval()
+
+
+def _init_tiny_llama(config: Any) -> Any:
+    from transformers import LlamaForCausalLM
+
+    return seeded(LlamaForCausalLM, config)
 
 
 RECIPE = Recipe("tiny-llama", TINY_LLAMA_RECIPE, build_tiny_llama)

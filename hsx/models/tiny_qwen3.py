@@ -12,11 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hsx.models.cache import Recipe, check_saved_config
-from hsx.models.tiny_llama import (
-    TINY_MAX_POSITIONS,
-    TINY_SEED,
-    train_tiny_tokenizer,
-)
+from hsx.models.tiny_llama import seeded, tiny_text_sizes, train_tiny_tokenizer
 
 # Bump whenever the output changes (see `Recipe`).
 TINY_QWEN3_RECIPE = "tiny-qwen3/1"
@@ -56,35 +52,17 @@ def _tiny_qwen3_config(tokenizer: Any) -> Any:
     from transformers import Qwen3Config
 
     return Qwen3Config(
-        # Exactly the tokenizer's size (BPE plus the think tokens).
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=256,
-        max_position_embeddings=TINY_MAX_POSITIONS,
+        **tiny_text_sizes(tokenizer),  # the vocabulary: the BPE plus the think tokens
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},  # Qwen3's theta
         use_sliding_window=False,
         sliding_window=None,
-        tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        dtype="float32",
     )
 
 
 def _init_tiny_qwen3(config: Any) -> Any:
-    import torch
     from transformers import Qwen3ForCausalLM
 
-    # fork_rng keeps the caller's global RNG state untouched by our fixed seed.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(TINY_SEED)
-        model = Qwen3ForCausalLM(config)
-    return model.to(torch.float32).eval()
+    return seeded(Qwen3ForCausalLM, config)
 
 
 RECIPE = Recipe("tiny-qwen3", TINY_QWEN3_RECIPE, build_tiny_qwen3)
