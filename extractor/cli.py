@@ -63,8 +63,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action
                            "(default: EAGLE-3's low/mid/high plus the last, num_hidden_layers)"),
         model.add_argument("--dtype", default=_ENGINE.dtype, choices=DTYPES, help="model dtype (default %(default)s)"),
         # 2: the shortest prompt, one token, plus the one token the engine runs for.
-        model.add_argument("--max-model-len", type=integer(2), default=_ENGINE.max_model_len,
-                           help="longest prompt + 1 (default %(default)s)"),
+        model.add_argument("--max-model-len", type=integer(2),
+                           help=f"longest prompt + 1 (default {_ENGINE.max_model_len}, or the model's context "
+                                "where that is shorter)"),
         model.add_argument("--tensor-parallel-size", type=integer(1), default=_ENGINE.tensor_parallel_size),
         model.add_argument("--data-parallel-size", type=integer(1), default=_ENGINE.data_parallel_size),
         model.add_argument("--pipeline-parallel-size", type=integer(1), default=1,
@@ -175,7 +176,20 @@ def model_and_layers(args: argparse.Namespace) -> tuple[Any, list[int]]:
     layers = args.layers or default_layer_ids(config.num_hidden_layers)
     if max(layers) > config.num_hidden_layers:
         raise UsageError(f"layer ids go up to num_hidden_layers = {config.num_hidden_layers}, got {layers} (--layers)")
+    args.max_model_len = _max_model_len(args.max_model_len, getattr(config, "max_position_embeddings", None))
     return config, layers
+
+
+def _max_model_len(asked: int | None, context: int | None) -> int:
+    """``--max-model-len``: by default 4096, or the model's context where that is
+    shorter (vLLM refuses more, with a traceback); more than the context, asked
+    for, is a usage error."""
+    if asked is None:
+        return min(_ENGINE.max_model_len, context) if context else _ENGINE.max_model_len
+    if context and asked > context:
+        raise UsageError(f"--max-model-len {asked} is more than the model's context of {context} tokens "
+                         f"(max_position_embeddings in its config.json)")
+    return asked
 
 
 def options_from_args(args: argparse.Namespace) -> tuple[EngineOptions, ConnectorConfig, ExtractorOptions]:

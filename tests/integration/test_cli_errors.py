@@ -72,6 +72,8 @@ LOCAL = [
      "argument --max-inflight: must be at least 1, got -1"),
     (["extract", "--model", "{tiny}", "--max-model-len", "1", *BAD], USAGE,
      "argument --max-model-len: must be at least 2, got 1"),
+    (["extract", "--model", "{tiny}", "--max-model-len", "4096", *BAD], USAGE,
+     "hsx extract: --max-model-len 4096 is more than the model's context of 2048 tokens"),
     (["extract", "--model", "{tiny}", "--block-bytes", "100", *BAD], USAGE,
      f"argument --block-bytes: must be at least {BLOCK_BYTES_MIN}, got 100"),
     (["extract", "--model", "{tiny}", "--codec", "lz4", *BAD], USAGE,
