@@ -6,6 +6,7 @@ or cores are too few."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -37,9 +38,9 @@ def plain_shell_env(bootstrap: str, **extra: str) -> dict[str, str]:
 
 
 def extract(kafka: KafkaSettings, topics: TopicSettings, log_dir: Path, name: str, *extra: str,
-            env: dict[str, str], model: str = "tiny-llama") -> tuple[int, str]:
-    """``hsx extract`` on a tiny model until idle: its exit status and log."""
-    tiny = models.prepare(names=[model])[model]
+            env: dict[str, str], model: str | Path = "tiny-llama") -> tuple[int, str]:
+    """``hsx extract`` on a tiny model (a name, or a directory) until idle: its exit status and log."""
+    tiny = model if isinstance(model, Path) else models.prepare(names=[model])[model]
     command = extract_command(kafka.bootstrap, topics, tiny, "--exit-when-idle", "5", *extra,
                               group=f"g-{topics.prompts}")
     with HsxService(name, command, log_dir, env=env) as extractor:
@@ -76,8 +77,18 @@ def test_a_users_cache_size_is_kept_and_checked(kafka: KafkaSettings, tmp_path: 
 
 
 def test_a_max_model_len_no_memory_holds_is_one_line(kafka: KafkaSettings, tmp_path: Path) -> None:
+    # The tiny model with a context of 10**9 tokens (its config only; the weights are linked),
+    # so the length passes the context check and meets the memory check.
+    tiny = models.prepare(names=["tiny-llama"])["tiny-llama"]
+    long_context = tmp_path / "tiny-long-context"
+    long_context.mkdir()
+    for path in tiny.iterdir():
+        if path.name != "config.json":
+            (long_context / path.name).symlink_to(path)
+    config = json.loads((tiny / "config.json").read_text())
+    (long_context / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 10**9}))
     status, log = extract(kafka, fresh_topics(kafka, partitions=1), tmp_path, "too-long",
-                          "--max-model-len", str(10**9), env=plain_shell_env(kafka.bootstrap))
+                          "--max-model-len", str(10**9), env=plain_shell_env(kafka.bootstrap), model=long_context)
     line = _one_line_usage_error(status, log)
     assert "--max-model-len 1000000000" in line and KV_ENV in line
 
