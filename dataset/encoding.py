@@ -19,14 +19,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from typing_extensions import Buffer
 
 from hsx.codecs.block import CorruptBlock, checksum, read_header
 from hsx.codecs.dataset import decode_sample, encode_fp8_sample, encode_sample
 from hsx.codecs.fp8 import from_fp8, narrow
 from hsx.dataset.sample import Sample
 from hsx.runtime.errors import HsxError
-from hsx.schemas import Codec, HiddenStatesReady
+from hsx.schemas import BlockHeader, Codec, HiddenStatesReady
 from hsx.schemas.dataset_codec import DatasetCodec
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: `hsx.open_dataset` imports without it
@@ -65,7 +64,7 @@ def encode(sample: Sample, codec: DatasetCodec) -> Sample:
     m = sample.manifest
     shape = (m.captured_tokens, len(m.layer_ids), m.hidden_size)
     raw = sample.hidden_states
-    if codec is DatasetCodec.BYTEPLANE_ZSTD and records_fit(sample.records):
+    if codec is DatasetCodec.BYTEPLANE_ZSTD and records_fit([read_header(r)[0] for r in sample.records]):
         payload = b"".join(sample.records)
     else:
         try:
@@ -89,11 +88,10 @@ def _encode_fp8(sample: Sample, codec: DatasetCodec) -> Sample:
     return replace(kept, hidden_states=stored, checksum=checksum(raw))
 
 
-def records_fit(records: Sequence[Buffer]) -> bool:
-    """Whether the records, back to back, are a ``byteplane-zstd`` sample as
-    they are: every one byte-plane coded, the first starting at row 0 (the
-    assembler checked that they tile the rest in order)."""
-    headers = [read_header(record)[0] for record in records]
+def records_fit(headers: Sequence[BlockHeader]) -> bool:
+    """Whether records with these headers, back to back, are a ``byteplane-zstd``
+    sample as they are: every one byte-plane coded, the first starting at row 0
+    (the assembler checked that they tile the rest in order)."""
     return bool(headers) and headers[0].token_start == 0 and all(
         h.codec is Codec.BYTEPLANE_ZSTD and h.quantization is None for h in headers)
 

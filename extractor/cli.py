@@ -166,7 +166,9 @@ def check_layout(args: argparse.Namespace) -> None:
 def model_and_layers(args: argparse.Namespace) -> tuple[Any, list[int]]:
     """The model's text config and the layer ids (``--layers`` or the default),
     checked against it; :class:`UsageError` for a directory that is not a model
-    (before transformers could take it for a hub id) or layers it lacks. Shared
+    (before transformers could take it for a hub id) or layers it lacks. Also
+    settles ``args.max_model_len`` against the model's context (see
+    :func:`_max_model_len`), so ``hsx run`` passes the settled value on. Shared
     with ``hsx run``, which checks before it starts anything."""
     model_dir("--model", args.model)
     try:

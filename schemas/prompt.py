@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import (
     Field,
-    TypeAdapter,
     JsonValue,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -163,8 +163,10 @@ class Message(StrictModel):
         return "\n".join(p.text for p in self.content if isinstance(p, TextPart))
 
     @property
-    def images(self) -> list[ImagePart]:
-        return [] if isinstance(self.content, str) else [p for p in self.content if isinstance(p, ImagePart)]
+    def images(self) -> list[tuple[int, ImagePart]]:
+        """The image parts, each with its index among the parts."""
+        return [] if isinstance(self.content, str) else [
+            (j, part) for j, part in enumerate(self.content) if isinstance(part, ImagePart)]
 
 
 class PromptEvent(StrictModel):
@@ -248,9 +250,10 @@ class PromptEvent(StrictModel):
         limits = _limits(info)
         if len(value) > limits.max_messages:
             raise ValueError(f"more than {limits.max_messages} messages")
-        if not any(m.text.strip() or m.images for m in value):
+        images_per_message = [len(m.images) for m in value]
+        if not any(m.text.strip() or n for m, n in zip(value, images_per_message)):
             raise ValueError("every message content is empty")
-        images = sum(len(m.images) for m in value)
+        images = sum(images_per_message)
         if images > limits.max_images:
             raise ValueError(f"{images} images, more than {limits.max_images}")
         return value
@@ -296,8 +299,7 @@ class PromptEvent(StrictModel):
     @property
     def images(self) -> list[tuple[int, int, ImagePart]]:
         """Every image of the chat as (message index, part index, part)."""
-        return [(i, j, part) for i, m in enumerate(self.messages or []) if not isinstance(m.content, str)
-                for j, part in enumerate(m.content) if isinstance(part, ImagePart)]
+        return [(i, j, part) for i, m in enumerate(self.messages or []) for j, part in m.images]
 
     @property
     def kind(self) -> PromptKind:

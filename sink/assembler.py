@@ -33,7 +33,7 @@ from hsx.codecs.fp8_blocks import fp8_rows
 from hsx.dataset.encoding import records_fit
 from hsx.dataset.sample import Sample
 from hsx.runtime.errors import InvalidInput
-from hsx.schemas import BlockRecordHeaders, ErrorClass, Manifest, RecordKind, format_validation_error
+from hsx.schemas import BlockHeader, BlockRecordHeaders, ErrorClass, Manifest, RecordKind, format_validation_error
 from hsx.schemas.dataset_codec import DatasetCodec
 
 
@@ -172,11 +172,11 @@ class Assembler:
         """The sample the manifest vouches for, from its blocks' values by index
         (and all of them in one buffer, in order, when they came so)."""
         try:
-            _check_headers(manifest, blocks)
+            headers = _check_headers(manifest, blocks)
             records = [blocks[ref.index] for ref in manifest.blocks]
             if manifest.quantization is not None:
                 return Sample(manifest, b"", offsets, records, fp8=_fp8_decoded(manifest, records))
-            if self._keep_records and records_fit(records):
+            if self._keep_records and records_fit(headers):
                 stored = back_to_back if back_to_back is not None else b"".join(records)
                 return Sample(manifest, stored, offsets, codec=DatasetCodec.BYTEPLANE_ZSTD,
                               checksum=_verified(manifest, records))
@@ -185,17 +185,20 @@ class Assembler:
             return RejectedRecords(exc.error_class, exc.reason, offsets, manifest.request_id, manifest_value)
 
 
-def _check_headers(manifest: Manifest, blocks: dict[int, Buffer]) -> None:
-    """Every block the manifest lists is there, and its header agrees with it."""
+def _check_headers(manifest: Manifest, blocks: dict[int, Buffer]) -> list[BlockHeader]:
+    """Every block the manifest lists is there, and its header agrees with it;
+    the headers in the manifest's order."""
     missing = [b.index for b in manifest.blocks if b.index not in blocks]
     if missing:
         raise InvalidInput(ErrorClass.INCOMPLETE_SAMPLE, f"manifest lists blocks {missing} that never arrived")
     extra = sorted(set(blocks) - {b.index for b in manifest.blocks})
     if extra:
         raise InvalidInput(ErrorClass.INCOMPLETE_SAMPLE, f"blocks {extra} are not in the manifest")
+    headers = []
     for ref in manifest.blocks:
         with _corrupt(ref.index):
             header, _ = read_header(blocks[ref.index])
+        headers.append(header)
         expected_shape = (ref.token_end - ref.token_start, len(manifest.layer_ids), manifest.hidden_size)
         if (header.token_start, header.token_end, header.checksum) != (ref.token_start, ref.token_end, ref.checksum):
             raise InvalidInput(ErrorClass.CORRUPT_BLOCK, f"block {ref.index} does not match the manifest's token range or checksum")
@@ -205,6 +208,7 @@ def _check_headers(manifest: Manifest, blocks: dict[int, Buffer]) -> None:
         if header.quantization != manifest.quantization:
             raise InvalidInput(ErrorClass.CORRUPT_BLOCK, f"block {ref.index} holds {header.quantization or 'unquantized'} "
                                                       f"rows, the manifest says {manifest.quantization or 'unquantized'}")
+    return headers
 
 
 def _decoded(manifest: Manifest, records: list[Buffer]) -> bytearray:

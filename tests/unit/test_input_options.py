@@ -208,12 +208,15 @@ def test_generate_attaches_generation_to_rows_without_one(tmp_path: Path) -> Non
     assert second.generation is not None and second.generation.max_tokens == 3  # the row's own wins
 
 
-@pytest.mark.parametrize("value, phrase", [("max_tokens=0", "max_tokens"), ("max_tokens=5,beam=2", "beam"),
-                                           ("temperature", "KEY=VALUE")])
-def test_bad_generate_values_name_the_rule(value: str, phrase: str, tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("flag, value, phrase", [
+    ("--generate", "max_tokens=0", "max_tokens"), ("--generate", "max_tokens=5,beam=2", "beam"),
+    ("--generate", "temperature", "KEY=VALUE"), ("--chat-template-kwargs", "{bad", "not JSON"),
+    ("--chat-template-kwargs", '{"messages": []}', "may not set 'messages'"),
+    ("--chat-template-kwargs", "[1]", "dict_type")])
+def test_bad_flag_values_name_the_rule(flag: str, value: str, phrase: str, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
-        parse(str(tmp_path / "x.jsonl"), "--generate", value)
+        parse(str(tmp_path / "x.jsonl"), flag, value)
     assert exit_.value.code == 2 and phrase in capsys.readouterr().err
 
 
@@ -235,12 +238,3 @@ def test_chat_template_kwargs_attach_to_chats_without_their_own(tmp_path: Path) 
     assert first.chat_template_kwargs == {"enable_thinking": False}
     assert second.chat_template_kwargs == {"enable_thinking": True}  # the row's own wins
     assert text.chat_template_kwargs is None  # a text prompt has no template
-
-
-@pytest.mark.parametrize("value, phrase", [("{bad", "not JSON"), ('{"messages": []}', "may not set 'messages'"),
-                                           ("[1]", "dict_type")])
-def test_bad_chat_template_kwargs_name_the_rule(value: str, phrase: str, tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        parse(str(tmp_path / "x.jsonl"), "--chat-template-kwargs", value)
-    assert exit_.value.code == 2 and phrase in capsys.readouterr().err
