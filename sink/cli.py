@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="SECS",
                         help="reject blocks whose manifest has not come after SECS (default %(default)s)")
     parser.add_argument("--session-timeout-ms", type=integer(1), default=_DEFAULTS.session_timeout_ms)
+    parser.add_argument("--commit-interval", type=number(above=0), default=_DEFAULTS.commit_interval, metavar="SECS",
+                        help="commit offsets, first deleting the staged objects stored samples no longer need, "
+                             "every SECS (default %(default)s)")
     parser.add_argument("--stall-timeout", type=number(above=0), default=_DEFAULTS.stall_timeout, metavar="SECS",
                         help="fail /healthz when records were pending for SECS without one fetched or finished "
                              "(default %(default)s)")

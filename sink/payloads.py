@@ -1,42 +1,47 @@
 """Samples by reference (``hsx extract --payload-store``): the manifest on
 ``hidden_states.blocks`` names a staged object that holds its blocks. The sink
 reads them from the one payload store it was given (``hsx sink
---payload-store``), and deletes each staged object once its manifest's offset is
-committed: the sample is durable in the dataset by then (or was a duplicate of
-one that is), so no uncommitted manifest still needs it.
+--payload-store``), and deletes each staged object once no manifest can need it
+again: its sample is durable in the dataset, or it was a duplicate of one.
 
 Per by-reference manifest, in the sink's loop:
 
-1. the key must be the one the manifest's request and attempt derive
+1. a request the partition already holds is settled from the manifest alone
+   (a duplicate, or a conflict): its blocks are never fetched, so a replay
+   after a crash needs no staged object of a stored sample;
+2. the key must be the one the manifest's request and attempt derive
    (:func:`hsx.schemas.staged_key`), else ``payload_forbidden``: a forged manifest
    cannot make the sink read any other object or file;
-2. the blocks' byte ranges are read (on S3, concurrent ranged GETs); a missing
-   object is ``payload_missing``, a short one ``payload_corrupt``; storage that
-   does not answer raises ``OSError``: the caller keeps the manifest, commits
-   nothing past it and tries again after a backoff;
-3. the assembler verifies every block as it would block records;
-4. once the sample is stored or dropped as a duplicate, its key waits for the
-   commit of the manifest's offset (:class:`StagedObjects`), then is deleted.
-   Dead-lettered objects are kept for inspection; the sweep removes them later.
+3. the staged object is read in one read; a missing object is
+   ``payload_missing``, a short one ``payload_corrupt``; storage that does not
+   answer raises ``OSError``: the caller keeps the manifest, commits nothing
+   past it and tries again after a backoff;
+4. the assembler verifies every block as it would block records;
+5. once the sample's shard is durable, or the sample is dropped as a duplicate,
+   its key waits in :class:`StagedObjects`, which deletes it at the start of the
+   next commit: no manifest is committed while its object waits, so a crash
+   cannot leave a stored sample's object behind (step 1 makes deleting before
+   the commit safe). Dead-lettered objects are kept for inspection.
 
 The sweep deletes staged objects older than ``--staged-max-age``: those no
 manifest names (an extractor killed between upload and manifest, a failed
-attempt), and dead letters' once inspected. It must exceed how long a manifest can
-wait uncommitted (the blocks topic's retention): an older object is deleted
-even if a manifest still names it.
+attempt), dead letters' once inspected, and a lost partition's (its next owner
+may not know of our last shard yet). It must exceed how long a manifest can wait
+uncommitted (the blocks topic's retention): an older object is deleted even if a
+manifest still names it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from hsx.dataset.sample import Sample
 from hsx.dataset.storage import Storage
 from hsx.runtime.errors import ServiceFailed
-from hsx.runtime.kafka.watermarks import TopicPartitionKey, Watermarks
-from hsx.schemas import ErrorClass, staged_key
+from hsx.runtime.kafka.watermarks import TopicPartitionKey
+from hsx.schemas import ErrorClass, Manifest, staged_key
 from hsx.schemas.blocks import STAGED_SUFFIX
 from hsx.sink.assembler import Assembler, RejectedRecords, Staged
 from hsx.sink.partition import PartitionState
@@ -116,37 +121,39 @@ class PayloadReader:
 
 
 class StagedObjects:
-    """Staged objects to delete once their manifests' offsets are committed, and
-    the sweep of those older than ``max_age`` seconds."""
+    """Staged objects no manifest needs any more, deleted before the next commit;
+    and the sweep of those older than ``max_age`` seconds."""
 
     def __init__(self, storage: Storage | None, max_age: float) -> None:
         self._storage = storage
         self._max_age = max_age
         self._next_sweep = 0.0
-        self._waiting: dict[TopicPartitionKey, list[tuple[int, str]]] = defaultdict(list)
+        self._unneeded: dict[TopicPartitionKey, list[str]] = defaultdict(list)
 
-    def add(self, tp: TopicPartitionKey, sample: Sample) -> None:
-        """``sample`` is stored or dropped as a duplicate: its staged object, if
-        it came by reference, goes once its manifest is committed."""
-        if sample.manifest.payload is not None:
-            self._waiting[tp].append((sample.manifest_offset, sample.manifest.payload.key))
+    def add(self, tp: TopicPartitionKey, manifests: Iterable[Manifest]) -> None:
+        """The samples of ``manifests`` are durable in the dataset, or were
+        duplicates of one: a replay settles them without fetching (step 1), so
+        their staged objects, for those sent by reference, can go (a sink
+        without a payload store settles by-reference duplicates, deleting nothing)."""
+        if self._storage is not None:
+            self._unneeded[tp].extend(m.payload.key for m in manifests if m.payload is not None)
 
-    def delete_committed(self, marks: Watermarks) -> None:
-        """Delete the objects whose manifests are committed now. A failed delete
-        is logged and left to the sweep: the sample is safe either way."""
-        assert self._storage is not None or not self._waiting
-        for tp, waiting in list(self._waiting.items()):
-            committed = marks.committed_position(tp)
-            if committed is None:
-                if tp not in marks:  # revoked (its last commit came first) or lost: the next owner's now
-                    del self._waiting[tp]
-                continue
-            done = [key for offset, key in waiting if offset < committed]
-            waiting[:] = [(offset, key) for offset, key in waiting if offset >= committed]
-            try:
-                self._storage.delete_many(done)  # type: ignore[union-attr]
-            except OSError as exc:
-                log.warning("cannot delete %d staged object(s) (the sweep will): %s", len(done), exc)
+    def forget(self, tp: TopicPartitionKey) -> None:
+        """``tp`` was lost: its next owner may have loaded the partition before our
+        last shard landed, and would fetch those samples again. The sweep deletes them."""
+        self._unneeded.pop(tp, None)
+
+    def delete(self) -> None:
+        """Delete every object added. The sink calls it first in every commit. A
+        failed delete is logged and left to the sweep: the samples are safe either way."""
+        unneeded = [key for keys in self._unneeded.values() for key in keys]
+        self._unneeded.clear()
+        if not unneeded:
+            return
+        try:
+            self._storage.delete_many(unneeded)  # type: ignore[union-attr]
+        except OSError as exc:
+            log.warning("cannot delete %d staged object(s) (the sweep will): %s", len(unneeded), exc)
 
     def sweep(self, now: float) -> None:
         """Every ``max_age / 4`` (at most hourly, at least a minute apart), delete

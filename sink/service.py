@@ -29,7 +29,7 @@ from hsx.runtime.kafka.member import GroupMember
 from hsx.runtime.kafka.watermarks import TopicPartitionKey
 from hsx.runtime.logs import record_fields
 from hsx.runtime.settings import KafkaSettings, TopicSettings
-from hsx.schemas import ErrorClass, HiddenStatesReady
+from hsx.schemas import ErrorClass, HiddenStatesReady, Manifest
 from hsx.sink.assembler import Record, RejectedRecords, Staged
 from hsx.sink.memory import release_large_buffers_to_the_os
 from hsx.sink.options import SinkOptions
@@ -92,7 +92,8 @@ class Sink:
         self._dead_letters = DeadLetters(producer, "sink")
         ready = ReadyPublisher(self.kafka, producer, self.topics.ready, self.member.marks,
                                self.options.group_id if self.options.exactly_once else None)
-        self._shards = ShardWriter(self.storage, self.dataset, ready, self.stats, self.member.fail, self._done)
+        self._shards = ShardWriter(self.storage, self.dataset, ready, self.stats, self.member.fail, self._done,
+                                   lambda state, shard: self._staged.add(state.key, (s.manifest for s in shard.samples)))
         self.member.subscribe(commit=lambda only: self._commit(ready, only))
         ready.bind(self.member.consumer)
         try:
@@ -111,8 +112,10 @@ class Sink:
         return self.stats
 
     def _commit(self, ready: ReadyPublisher, only: set[TopicPartitionKey] | None) -> None:
+        """Every commit: 1. delete the staged objects no manifest needs any more
+        (so none is committed while its object waits), 2. commit."""
+        self._staged.delete()
         ready.commit(only)
-        self._staged.delete_committed(self.member.marks)
 
     def stop(self) -> None:
         log.info("stopping: flushing open shards")
@@ -160,6 +163,7 @@ class Sink:
         for key in partitions:
             if (state := self._partitions.pop(key, None)) is not None:
                 self._shards.wait(state)
+            self._staged.forget(key)
 
     # -- per record ----------------------------------------------------------------------------
 
@@ -168,7 +172,10 @@ class Sink:
         if state is None:  # refused (see assigned): never processed, so never committed
             return
         result = state.assembler.add(Record(message.offset(), message.key(), message.value() or b"", message.headers()))
-        self._take(state, self._payloads.accept(state, result) if isinstance(result, Staged) else [result])
+        if not isinstance(result, Staged):
+            self._take(state, [result])
+        elif not self._settled(state, result.manifest, [result.offset]):  # else never fetched
+            self._take(state, self._payloads.accept(state, result))
 
     def _take(self, state: PartitionState, results: list[Sample | RejectedRecords | None]) -> None:
         for result in results:
@@ -178,21 +185,27 @@ class Sink:
                 self._add_sample(state, result)
 
     def _add_sample(self, state: PartitionState, sample: Sample) -> None:
-        request_id = sample.manifest.request_id
+        if not self._settled(state, sample.manifest, sample.offsets):
+            self._append(state, sample)
+
+    def _settled(self, state: PartitionState, manifest: Manifest, offsets: list[int]) -> bool:
+        """Settle a request the partition already holds, from its manifest alone:
+        a duplicate is dropped (and its staged object is not needed), another
+        prompt under the same id is a dead letter. False for a new request."""
+        request_id = manifest.request_id
         for stale in state.assembler.supersede(request_id):
             self._reject(state, stale)
-        stored = state.stored_copy(self.storage, request_id, sample.manifest.token_ids)
-        if stored is None or stored.same_tokens:  # stored now or before: a staged object goes once committed
-            self._staged.add(state.key, sample)
+        stored = state.stored_copy(self.storage, request_id, manifest.token_ids)
         if stored is None:
-            self._append(state, sample)
-        elif stored.same_tokens:
-            self._drop_duplicate(state, sample, stored.event)
+            return False
+        if stored.same_tokens:
+            self._staged.add(state.key, [manifest])
+            self._drop_duplicate(state, manifest, offsets, stored.event)
         else:  # the same id for another prompt: keeping either silently would be wrong
             self._reject(state, RejectedRecords(
-                ErrorClass.CONFLICTING_DUPLICATE,
-                f"request id {request_id} is already in the dataset with other token ids",
-                sample.offsets, request_id, sample.manifest.model_dump_json().encode()))
+                ErrorClass.CONFLICTING_DUPLICATE, f"request id {request_id} is already in the dataset with other token ids",
+                offsets, request_id, manifest.model_dump_json().encode()))
+        return True
 
     def _append(self, state: PartitionState, sample: Sample) -> None:
         sample = encode(sample, self.options.dataset_codec)  # on arrival: the open shard holds only what it stores
@@ -203,15 +216,15 @@ class Sink:
         if shard.nbytes >= self.options.max_shard_bytes or len(shard.samples) >= self.options.max_shard_samples:
             self._shards.close(state)
 
-    def _drop_duplicate(self, state: PartitionState, sample: Sample, event: HiddenStatesReady | None) -> None:
-        request_id = sample.manifest.request_id
+    def _drop_duplicate(self, state: PartitionState, manifest: Manifest, offsets: list[int],
+                        event: HiddenStatesReady | None) -> None:
         self.stats.add("duplicates")
-        log.info("duplicate of %s dropped (attempt %s)", request_id, sample.manifest.attempt_id,
-                 extra=record_fields(request_id, state.topic, state.partition, sample.manifest_offset))
+        log.info("duplicate of %s dropped (attempt %s)", manifest.request_id, manifest.attempt_id,
+                 extra=record_fields(manifest.request_id, state.topic, state.partition, offsets[-1]))
         if event is not None:
-            state.republish.append((event, sample.offsets))
+            state.republish.append((event, offsets))
         else:  # its first copy waits in a shard not yet written; its event comes with the shard
-            self._done(state, sample.offsets)
+            self._done(state, offsets)
 
     def _reject(self, state: PartitionState, rejected: RejectedRecords) -> None:
         """Dead-letter ``rejected``; its records are done once Kafka has the letter."""

@@ -9,7 +9,8 @@ Per partition, in the loop's thread:
 2. The writer writes a partition's closed shards one at a time, oldest first, so
    they land in name order (:func:`~hsx.dataset.shards.remove_orphans` relies on it).
 3. ``reap(states)``, each turn of the loop: a written shard's samples join the
-   partition's known keys and their ready events are published; the records
+   partition's known keys, ``written`` hears of the shard (the sink then needs
+   its samples' staged objects no more) and their ready events are published; the records
    behind them are done once Kafka has every event. A failed write is submitted
    again after the partition's backoff; refused storage stops the service.
 4. ``settle(state)`` on revoke and on the final flush: close, write everything
@@ -24,7 +25,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 
-from hsx.dataset.shards import write_shard
+from hsx.dataset.shards import OpenShard, write_shard
 from hsx.dataset.storage import Storage, StorageRefused
 from hsx.runtime.kafka import DeliveryFailed
 from hsx.schemas import HiddenStatesReady
@@ -38,17 +39,19 @@ log = logging.getLogger(__name__)
 class ShardWriter:
     """Writes shards in a thread of its own and publishes their ready events.
     ``fail`` stops the service (refused storage, undelivered events); ``done``
-    marks a partition's offsets done. Every method is called from the loop's
-    thread."""
+    marks a partition's offsets done; ``written`` is told of each shard in the
+    dataset. Every method is called from the loop's thread."""
 
     def __init__(self, storage: Storage, dataset: str, ready: ReadyPublisher, stats: SinkStats,
-                 fail: Callable[[BaseException], None], done: Callable[[PartitionState, list[int]], None]) -> None:
+                 fail: Callable[[BaseException], None], done: Callable[[PartitionState, list[int]], None],
+                 written: Callable[[PartitionState, OpenShard], None]) -> None:
         self._storage = storage
         self._dataset = dataset
         self._ready = ready
         self._stats = stats
         self._fail = fail
         self._done = done
+        self._written = written
         self._refused = False
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="shard-writer")
 
@@ -117,6 +120,7 @@ class ShardWriter:
             log.error("cannot write shard %s (retrying in %.1fs): %s", stem, state.write_backoff.failed(), exc)
             return False
         shard = state.written()
+        self._written(state, shard)
         self._publish(state, events, [o for sample in shard.samples for o in sample.offsets])
         self._stats.shard_written(shard.samples)
         log.info("wrote %s (%d samples)", stem, len(events))

@@ -1,7 +1,8 @@
 """``hsx sink --payload-store`` on a real broker, with the store a directory and
 a real S3 server: inline and by-reference manifests on one topic make one
-dataset, and each staged object is deleted once its manifest is committed;
-missing, corrupt and forged references are dead letters naming the object; a
+dataset, and each staged object is deleted once its sample is durable; a sink
+killed between its shards and that cleanup leaves nothing behind after its
+restart, which settles the stored samples without fetching them; missing, corrupt and forged references are dead letters naming the object; a
 sink given no payload store stops at the first by-reference manifest, with
 nothing committed; the sweep deletes old staged objects and nothing else."""
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,12 +19,15 @@ import torch
 
 from hsx.dataset.reader import open_dataset
 from hsx.dataset.storage import Storage, open_storage
+from hsx.local.commands import sink_command
+from hsx.local.spawn import HsxService
 from hsx.local.topics import fresh_topics
 from hsx.runtime.settings import KafkaSettings
-from hsx.schemas import ErrorClass, Manifest
+from hsx.schemas import ErrorClass, HiddenStatesReady, Manifest
 from hsx.sink.assembler import Record
+from tests.drain import drain
 from tests.integration.test_sink_dedupe import run_sink
-from tests.reliability.harness import committed, dead_letters, publish
+from tests.reliability.harness import committed, dead_letters, index_counts, publish, wait_until
 from tests.unit.test_assembler import records
 
 pytestmark = [pytest.mark.integration]
@@ -80,7 +85,47 @@ def test_inline_and_by_reference_manifests_make_one_dataset(kafka: KafkaSettings
     for request_id, hidden in expected.items():
         assert torch.equal(dataset[request_id]["hidden_states"], hidden)
     assert committed(kafka, topics.blocks, "hsx-sink", 1)[0] == len(inline) + 2
-    assert _staged_keys(store) == []  # deleted once committed
+    assert _staged_keys(store) == []  # deleted once their samples were durable
+
+
+def test_a_sink_killed_between_shards_and_cleanup_leaves_no_staged_object(kafka: KafkaSettings, tmp_path: Path,
+                                                                          payload_store: str) -> None:
+    """SIGKILL once every shard is durable and before any commit (the commit,
+    which deletes the staged objects first, is an hour away): the restart replays
+    every manifest, finds each request stored and drops it as a duplicate without
+    fetching (one object is deleted by hand to prove it), announces the samples
+    again, commits and deletes every staged object."""
+    topics = fresh_topics(kafka, partitions=1)
+    store = open_storage(payload_store, create=True)
+    refs = {f"ref-{i}": staged(store, f"ref-{i}") for i in range(4)}
+    publish(kafka, topics.blocks, [record for record, _ in refs.values()])
+    output = tmp_path / "dataset"
+    group = f"s-{topics.blocks}"  # of its own: the killed member stays in its group until its session times out
+    command = sink_command(kafka.bootstrap, topics, output, "--payload-store", payload_store,
+                           "--flush-when-idle", "0.5", "--commit-interval", "3600", group=group)
+    with HsxService("killed", command, tmp_path) as sink:
+        wait_until(lambda: len(index_counts(output)) == len(refs), 120, "every sample in the dataset",
+                   tick=lambda: sink.exited() is None or pytest.fail(sink.log_tail()))
+        sink.kill()
+    assert committed(kafka, topics.blocks, group, 1)[0] < 0  # nothing committed
+    left = _staged_keys(store)
+    assert len(left) == len(refs)  # durable samples, objects not yet deleted
+    store.delete(left[0])  # as if the cleanup had begun: the restart must not need it
+
+    # Idle for longer than the killed member's session: the group waits for it first.
+    restarted = run_sink(kafka, topics, output, tmp_path, "restarted", "--payload-store", payload_store,
+                         "--group", group, "--exit-when-idle", "25")
+    assert restarted.exited() == 0, restarted.log_tail()
+    assert f"{len(refs)} duplicates dropped" in restarted.logs()
+    assert index_counts(output) == Counter(list(refs))  # exactly once
+    dataset = open_dataset(output)
+    for request_id, (_, hidden) in refs.items():
+        assert torch.equal(dataset[request_id]["hidden_states"], hidden)
+    assert committed(kafka, topics.blocks, group, 1)[0] == len(refs)
+    assert _staged_keys(store) == []
+    ready = drain(kafka, topics.ready, expected=2 * len(refs), timeout=15)  # the restart announces every sample
+    assert {HiddenStatesReady.model_validate_json(r.value()).request_id for r in ready} == set(refs)
+    assert drain(kafka, topics.blocks_dlq, expected=1, timeout=3) == []
 
 
 def test_missing_corrupt_and_forged_references_are_dead_letters(kafka: KafkaSettings, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from hsx.dataset.shards import SHARDS, shard_stem
+from hsx.dataset.shards import SHARDS, OpenShard, shard_stem
 from hsx.dataset.storage import LocalStorage, StorageRefused
 from hsx.local.datasets import tiny_sample
 from hsx.schemas import HiddenStatesReady
@@ -42,10 +42,15 @@ class HeldDisk(LocalStorage):
 
 
 class Recorded:
-    """Stands in for the ready publisher: records each shard's events and marks them delivered."""
+    """Stands in for the ready publisher: records each shard's events and marks
+    them delivered; and for the sink, told of each shard in the dataset."""
 
     def __init__(self) -> None:
         self.events: list[list[str]] = []
+        self.written: list[list[str]] = []
+
+    def shard_written(self, _state: PartitionState, shard: OpenShard) -> None:
+        self.written.append([s.manifest.request_id for s in shard.samples])
 
     def publish(self, events: list[HiddenStatesReady], done: Callable[[], None]) -> None:
         self.events.append([e.request_id for e in events])
@@ -57,7 +62,7 @@ def writer(storage: LocalStorage) -> Iterator[tuple[ShardWriter, PartitionState,
                                                     list[BaseException]]]:
     ready, done, failed = Recorded(), [], []
     shards = ShardWriter(storage, "tiny", ready, SinkStats(), failed.append,  # type: ignore[arg-type]
-                         lambda _state, offsets: done.extend(offsets))
+                         lambda _state, offsets: done.extend(offsets), ready.shard_written)
     try:
         yield shards, PartitionState.load(storage, TOPIC, 0, 600), ready, done, failed
     finally:
@@ -81,14 +86,14 @@ def test_the_loop_goes_on_while_a_shard_is_written_and_shards_land_in_order(tmp_
         state.shard.add(tiny_sample("c", 2))
         shards.close(state)
         shards.reap([state])
-        assert [len(s.samples) for s in state.closed] == [1, 2] and ready.events == [] and done == []
+        assert [len(s.samples) for s in state.closed] == [1, 2] and ready.events == ready.written == [] and done == []
         assert state.buffered_bytes == sum(len(s.hidden_states) for c in state.closed for s in c.samples)
         waiting = state.stored_copy(storage, "c", [0])  # a retry of a sample not yet written is a duplicate
         assert waiting is not None and waiting.event is None and waiting.same_tokens
 
         storage.release.set()
         _until(lambda: not state.closed, shards, state)
-        assert ready.events == [["a"], ["b", "c"]] and done == [0, 1, 2]
+        assert ready.events == ready.written == [["a"], ["b", "c"]] and done == [0, 1, 2]
         assert sorted(p.name for p in (tmp_path / SHARDS).iterdir()) == [
             f"{shard_stem(TOPIC, 0, offset)}.safetensors" for offset in (0, 1)]
         stored = state.stored_copy(storage, "c", [0])
@@ -103,7 +108,7 @@ def test_a_failed_write_is_retried_after_the_backoff(tmp_path: Path) -> None:
         state.shard.add(tiny_sample("a", 0))
         shards.close(state)
         assert not shards.wait(state)  # the first attempt failed: nothing announced, nothing done
-        assert ready.events == [] and done == [] and len(state.closed) == 1
+        assert ready.events == ready.written == [] and done == [] and len(state.closed) == 1
         shards.reap([state])
         assert state.writing is None, "retried before the backoff ran out"
         _until(lambda: not state.closed, shards, state)
