@@ -1,12 +1,18 @@
-"""Producer → broker → extractor → sink → dataset, then a replay: every prompt
-exactly once in the index and among ready events, hidden states equal to HF
-transformers, and a replayed sink leaves the dataset byte-identical. A second
-sink writes the same blocks to S3: the same samples, bit for bit, read back,
-followed, inspected and exported from there."""
+"""Producer → broker → extractor → sink → dataset, the hidden states by
+reference through a staging directory (``--payload-store``, ``hsx run``'s
+default transport), then a replay: every prompt exactly once in the index and
+among ready events, hidden states equal to HF transformers, no staged object
+left, and a replayed sink (which needs none: every request is stored) leaves the
+dataset byte-identical. A second sink writes the same manifests to S3, reading a
+copy of the staged objects: the same samples, bit for bit, read back, followed,
+inspected and exported from there. The inline transport runs end to end in
+``tests/reliability/test_crash_anywhere.py`` and beside this one in
+``tests/integration/test_sink_payloads.py``."""
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -74,12 +80,18 @@ def test_pipeline_end_to_end_and_replay(kafka: KafkaSettings, tmp_path: Path, ca
     with HsxService("produce", produce_command(kafka.bootstrap, topics, source), tmp_path, health=False) as produce:
         assert produce.wait(120) == 0
 
+    staging = tmp_path / "staging"
     assert run_extractor(kafka.bootstrap, topics, f"x-{topics.prompts}", model, tmp_path / "extract.log",
-                         "--max-model-len", "512", "--layers", "1,4") == 0
+                         "--max-model-len", "512", "--layers", "1,4", "--payload-store", str(staging)) == 0
+    staged = sorted(p.name for p in staging.iterdir())
+    assert len(staged) == len(prompts), staged  # one staged object per request (one attempt each)
+    shutil.copytree(staging, tmp_path / "staging-copy")  # for the S3 copy: each dataset takes its own
     output = tmp_path / "dataset"
-    sink = pipeline_sink(kafka, topics, output, f"s-{topics.prompts}", tmp_path / "sink.log")
+    sink = pipeline_sink(kafka, topics, output, f"s-{topics.prompts}", tmp_path / "sink.log",
+                         "--payload-store", str(staging))
     ready_seen, samples_seen = _run_sink_scraped(sink)
     assert ready_seen and samples_seen > 0, "the sink's /readyz or hsx_sink_samples_total never moved"
+    assert list(staging.iterdir()) == []  # every staged object deleted once its sample was durable
 
     dataset = open_dataset(output)
     expected_ids = {p["request_id"] for p in prompts}
@@ -110,8 +122,10 @@ def test_pipeline_end_to_end_and_replay(kafka: KafkaSettings, tmp_path: Path, ca
     _check_speculators_layout(exported, dataset)
 
     before = digest(output)
-    # A new group reads from the start, this time with transactions.
-    run_sink(kafka, topics, output, f"replay-{topics.prompts}", tmp_path / "replay.log", "--exactly-once")
+    # A new group reads from the start, this time with transactions: every request is a
+    # duplicate, settled from its manifest, so the deleted staged objects are not missed.
+    run_sink(kafka, topics, output, f"replay-{topics.prompts}", tmp_path / "replay.log", "--exactly-once",
+             "--payload-store", str(staging))
     assert digest(output) == before
     assert len(open_dataset(output)) == len(prompts)
     assert f"{len(prompts)} duplicates dropped" in (tmp_path / "replay.log").read_text()
@@ -125,12 +139,15 @@ def test_pipeline_end_to_end_and_replay(kafka: KafkaSettings, tmp_path: Path, ca
 
 def _check_s3_copy(kafka: KafkaSettings, topics: TopicSettings, tmp_path: Path, url: str, local,  # type: ignore[no-untyped-def]
                    capsys: pytest.CaptureFixture[str]) -> None:
-    """The same blocks, sunk by another group into ``url`` (ready events on a topic
-    of their own): every sample once (lost 0, duplicated 0) and bit-identical to
-    the local dataset's; follow, inspect and export read it from S3."""
+    """The same manifests, sunk by another group into ``url`` from a copy of the
+    staged objects (ready events on a topic of their own): every sample once (lost
+    0, duplicated 0) and bit-identical to the local dataset's, the copy emptied;
+    follow, inspect and export read it from S3."""
     ready_topic = f"{topics.ready}-s3"
-    run_sink(kafka, topics, url, f"s3-{topics.prompts}", tmp_path / "s3-sink.log", "--ready-topic", ready_topic)
+    run_sink(kafka, topics, url, f"s3-{topics.prompts}", tmp_path / "s3-sink.log", "--ready-topic", ready_topic,
+             "--payload-store", str(tmp_path / "staging-copy"))
     assert index_counts(url) == Counter(local.request_ids())
+    assert list((tmp_path / "staging-copy").iterdir()) == []
     remote = open_dataset(url)
     for request_id in local.request_ids():
         want, got = local[request_id], remote[request_id]
