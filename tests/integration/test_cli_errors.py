@@ -44,7 +44,7 @@ def _row_id(value: object) -> str | None:
     return " ".join(value) if isinstance(value, list) else None
 
 
-# (argv, exit code, phrase of the error line). Placeholders: {tiny} the tiny model,
+# (argv, exit code, phrase of the error line). Placeholders: {tiny} the tiny model, {vlm} tiny-qwen2.5-vl,
 # {prompts} a JSONL file, {tmp} this test's directory (exists), {config_only} and
 # {empty} model directories lacking weights / config.json, {dataset} a dataset
 # without samples, {hf} a datasets.save_to_disk input, {busy} a port in use.
@@ -65,6 +65,11 @@ LOCAL = [
     (["extract", "--model", "{config_only}", *BAD], USAGE, "no weights in it (*.safetensors or *.bin)"),
     (["extract", "--model", "{empty}", *BAD], USAGE, "--model {empty}: no config.json in it"),
     (["extract", "--model", "{prompts}", *BAD], USAGE, "--model {prompts}: not a directory"),
+    # vLLM's vision-language models import torchvision, which make install removes on CPU
+    # (no build of it loads beside the CPU torch): one line, not vLLM's traceback.
+    (["extract", "--model", "{vlm}", *BAD], USAGE,
+     "--model {vlm}: Qwen2_5_VLForConditionalGeneration is a vision-language model: the engine needs torchvision "
+     "to load one, and it does not import here (ModuleNotFoundError: No module named 'torchvision')"),
     (["extract", "--model", "{tiny}", "--layers", "1,99", *BAD], USAGE,
      "hsx extract: layer ids go up to num_hidden_layers = 4, got [1, 99]"),
     (["extract", "--model", "{tiny}", "--layers", "2,x", *BAD], USAGE, "--layers wants comma-separated integers"),
@@ -159,6 +164,7 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         yield {"tiny": str(models.prepare(names=["tiny-llama"])["tiny-llama"]),
+               "vlm": str(models.prepare(names=["tiny-qwen2.5-vl"])["tiny-qwen2.5-vl"]),
                "prompts": str(write_jsonl([{"prompt": "hi"}], root / "prompts.jsonl")), "tmp": str(root),
                "config_only": str(root / "config_only"), "empty": str(root / "empty"),
                "dataset": str(root / "dataset"), "locked": str(root / "locked"), "hf": str(hf),
