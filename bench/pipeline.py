@@ -5,8 +5,8 @@ broker (or ``HSX_KAFKA_BOOTSTRAP``).
 * **e2e vs extraction alone**, rounds interleaved on one warm extractor: an
   *extract* round publishes the workload and times it until the extractor's
   ``hsx_extractor_prompts_total`` (records acknowledged by Kafka) covers it, with
-  no sink running; an *e2e* round starts a sink first (it catches up on earlier
-  rounds, untimed), then publishes and times until the sink's
+  no sink running; an *e2e* round starts a sink first (it joins the group and
+  catches up on earlier rounds, untimed), then publishes and times until the sink's
   ``hsx_sink_ready_events_total`` covers it (shards durable, ready events acked).
 * **peak RSS**: a 2,000-prompt run through extractor and sink, RSS of the
   extractor's process tree (service + vLLM engine core + worker) and of the sink
@@ -141,6 +141,9 @@ class Bench:
                   profile: Path | None = None, nice: int = 0) -> tuple[float, dict]:
         sink = self.sink(nice)
         wait_until([extractor], EXTRACTED, self.published)  # nothing of earlier rounds still extracting
+        # Started and assigned, untimed: with nothing to catch up on, the wait below ends
+        # at once, and the sink's start (imports, joining the group: ~2 CPU-s) was timed.
+        sink.wait_ready()
         wait_until([sink], READY, self.published - self.sunk, timeout=600)  # caught up, untimed
         spies = [] if profile is None else [py_spy(s, profile / f"{tag}-{s.name}.txt") for s in (extractor, sink)]
         cpu = [s.cpu_seconds() for s in (extractor, sink)] + [broker_cpu_seconds()]
@@ -311,7 +314,7 @@ def main_async(args: argparse.Namespace) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5, help="e2e and extract rounds, interleaved (default %(default)s: 3 were too noisy for a 10 %% target)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--profile", type=Path, help="py-spy the extractor and sink in e2e rounds, stacks to DIR")
     parser.add_argument("--sink-nice", type=int, default=10,
