@@ -17,8 +17,9 @@ Per by-reference manifest, in the sink's loop:
    answer raises ``OSError``: the caller keeps the manifest, commits nothing
    past it and tries again after a backoff;
 4. the assembler verifies every block as it would block records;
-5. once the sample's shard is durable, or the sample is dropped as a duplicate,
-   its key waits in :class:`StagedObjects`, which deletes it at the start of the
+5. once the sample's shard is durable, or the sample is dropped as a duplicate
+   of one that is (of one in a shard not yet written: once that shard is), its
+   key waits in :class:`StagedObjects`, which deletes it at the start of the
    next commit: no manifest is committed while its object waits, so a crash
    cannot leave a stored sample's object behind (step 1 makes deleting before
    the commit safe). Dead-lettered objects are kept for inspection.
@@ -129,19 +130,36 @@ class StagedObjects:
         self._max_age = max_age
         self._next_sweep = 0.0
         self._unneeded: dict[TopicPartitionKey, list[str]] = defaultdict(list)
+        self._with_copy: dict[TopicPartitionKey, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+        """Duplicates' keys, by the request whose first copy waits in a shard not yet written."""
 
     def add(self, tp: TopicPartitionKey, manifests: Iterable[Manifest]) -> None:
         """The samples of ``manifests`` are durable in the dataset, or were
         duplicates of one: a replay settles them without fetching (step 1), so
-        their staged objects, for those sent by reference, can go (a sink
-        without a payload store settles by-reference duplicates, deleting nothing)."""
-        if self._storage is not None:
-            self._unneeded[tp].extend(m.payload.key for m in manifests if m.payload is not None)
+        their staged objects, for those sent by reference, can go, and so can
+        the duplicates' that waited for them (a sink without a payload store
+        settles by-reference duplicates, deleting nothing)."""
+        if self._storage is None:
+            return
+        waiting = self._with_copy.get(tp, {})
+        for manifest in manifests:
+            if manifest.payload is not None:
+                self._unneeded[tp].append(manifest.payload.key)
+            self._unneeded[tp].extend(waiting.pop(manifest.request_id, ()))
+
+    def add_with_copy(self, tp: TopicPartitionKey, manifest: Manifest) -> None:
+        """``manifest`` duplicates a copy in a shard not yet written: its object goes
+        with that copy's. Sooner, a crash could leave a replay that meets it first
+        (an earlier by-reference attempt that waited for the store while an inline
+        one was stored) with the copy not stored and the object gone."""
+        if self._storage is not None and manifest.payload is not None:
+            self._with_copy[tp][manifest.request_id].append(manifest.payload.key)
 
     def forget(self, tp: TopicPartitionKey) -> None:
         """``tp`` was lost: its next owner may have loaded the partition before our
         last shard landed, and would fetch those samples again. The sweep deletes them."""
         self._unneeded.pop(tp, None)
+        self._with_copy.pop(tp, None)
 
     def delete(self) -> None:
         """Delete every object added. The sink calls it first in every commit. A

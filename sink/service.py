@@ -199,7 +199,10 @@ class Sink:
         if stored is None:
             return False
         if stored.same_tokens:
-            self._staged.add(state.key, [manifest])
+            if stored.event is None:  # its first copy waits in a shard not yet written
+                self._staged.add_with_copy(state.key, manifest)
+            else:
+                self._staged.add(state.key, [manifest])
             self._drop_duplicate(state, manifest, offsets, stored.event)
         else:  # the same id for another prompt: keeping either silently would be wrong
             self._reject(state, RejectedRecords(
