@@ -146,7 +146,7 @@ class RunPlan:
 
     @property
     def owns_staging(self) -> bool:
-        """Whether :attr:`staging` is the run's own folder, emptied before and after."""
+        """Whether :attr:`staging` is the run's own folder, removed before and after."""
         return not self.inline and self.payload_store is None
 
 
