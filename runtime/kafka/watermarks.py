@@ -66,16 +66,6 @@ class Watermarks:
             if tp in self._partitions:
                 self._partitions[tp].committed = position
 
-    def __contains__(self, tp: object) -> bool:
-        """Whether ``tp`` is tracked: consumed from, and not forgotten since."""
-        return tp in self._partitions
-
-    def committed_position(self, tp: TopicPartitionKey) -> int | None:
-        """The last position committed for ``tp``; None before the first commit
-        and for a partition not tracked (never consumed, or forgotten)."""
-        part = self._partitions.get(tp)
-        return part.committed if part else None
-
     def in_flight(self, tp: TopicPartitionKey | None = None) -> int:
         """Records consumed but not done: for one partition, or in total."""
         if tp is not None:
