@@ -13,7 +13,7 @@ import zstandard
 
 from hsx.dataset.storage import open_payload_store
 from hsx.extractor.engine import EngineOptions, default_layer_ids
-from hsx.extractor.model_config import text_config, vision_language_blocker
+from hsx.extractor.model_config import hf_config, text_part, vision_language_blocker
 from hsx.extractor.options import ExtractorOptions
 from hsx.extractor.service import Extractor
 from hsx.runtime.checks import bounded, enum_value, integer, model_dir, number, writable_file
@@ -172,11 +172,12 @@ def model_and_layers(args: argparse.Namespace) -> tuple[Any, list[int]]:
     with ``hsx run``, which checks before it starts anything."""
     model_dir("--model", args.model)
     try:
-        config = text_config(args.model)
+        model_config = hf_config(args.model)
     except (OSError, ValueError) as exc:  # an unreadable or unknown config.json
         raise UsageError(f"--model {args.model}: {exc}") from exc
-    if (blocker := vision_language_blocker(args.model)) is not None:  # else vLLM's traceback, minutes later
+    if (blocker := vision_language_blocker(model_config)) is not None:  # else vLLM's traceback, minutes later
         raise UsageError(f"--model {args.model}: {blocker}")
+    config = text_part(model_config)
     layers = args.layers or default_layer_ids(config.num_hidden_layers)
     if max(layers) > config.num_hidden_layers:
         raise UsageError(f"layer ids go up to num_hidden_layers = {config.num_hidden_layers}, got {layers} (--layers)")

@@ -7,23 +7,29 @@ from __future__ import annotations
 from typing import Any
 
 
+def hf_config(model: str) -> Any:
+    """The model's config as transformers' ``AutoConfig`` reads it."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model)
+
+
 def text_config(model: str) -> Any:
     """The model's text config (``num_hidden_layers``, ``hidden_size``,
     ``vocab_size``), also for multimodal configs that nest it."""
-    from transformers import AutoConfig
+    return text_part(hf_config(model))
 
-    config = AutoConfig.from_pretrained(model)
+
+def text_part(config: Any) -> Any:
+    """``config``'s text config: the nested one of a multimodal model, else itself."""
     return getattr(config, "get_text_config", lambda: config)()
 
 
-def vision_language_blocker(model: str) -> str | None:
-    """Why vLLM cannot load ``model`` here, for a vision-language model (a config
-    with a ``vision_config``): vLLM's vision-language models import torchvision
-    (even to run text), and it does not import. None for any other model, or
-    where torchvision imports."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model)
+def vision_language_blocker(config: Any) -> str | None:
+    """Why vLLM cannot load the model of ``config`` (from :func:`hf_config`)
+    here, for a vision-language model (a config with a ``vision_config``):
+    vLLM's vision-language models import torchvision (even to run text), and it
+    does not import. None for any other model, or where torchvision imports."""
     problem = torchvision_problem() if hasattr(config, "vision_config") else None
     if problem is None:
         return None

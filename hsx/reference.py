@@ -15,9 +15,9 @@ def load_hf_model(model_dir: Path) -> Any:
     ``AutoModelForCausalLM``."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    multimodal = hasattr(AutoConfig.from_pretrained(model_dir), "vision_config")
-    auto = AutoModelForImageTextToText if multimodal else AutoModelForCausalLM
-    return auto.from_pretrained(model_dir, dtype=torch.float32).eval()
+    config = AutoConfig.from_pretrained(model_dir)
+    auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+    return auto.from_pretrained(model_dir, config=config, dtype=torch.float32).eval()
 
 
 class HFReference:

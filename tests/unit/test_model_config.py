@@ -9,22 +9,23 @@ from pathlib import Path
 
 import pytest
 
-from hsx.extractor.model_config import torchvision_problem, vision_language_blocker
+from hsx.extractor.model_config import hf_config, torchvision_problem, vision_language_blocker
 
 TEXT = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
 VISION = {"model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"],
           "vision_config": {"depth": 1}, "text_config": {"model_type": "qwen2_5_vl_text"}}
 
 
-def _model(folder: Path, config: dict[str, object]) -> str:
+def _config(folder: Path, config: dict[str, object]) -> object:
+    """``config`` as transformers reads it from a model directory."""
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config))
-    return str(folder)
+    return hf_config(str(folder))
 
 
 def test_only_a_vision_language_model_can_be_blocked(tmp_path: Path) -> None:
-    assert vision_language_blocker(_model(tmp_path / "text", TEXT)) is None
-    blocker, problem = vision_language_blocker(_model(tmp_path / "vision", VISION)), torchvision_problem()
+    assert vision_language_blocker(_config(tmp_path / "text", TEXT)) is None
+    blocker, problem = vision_language_blocker(_config(tmp_path / "vision", VISION)), torchvision_problem()
     if problem is None:  # a machine with a working torchvision
         assert blocker is None
     else:  # make install removes it on CPU: this is what make test sees
