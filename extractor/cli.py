@@ -116,7 +116,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="prompts in flight (default %(default)s)")
     service.add_argument("--max-attempts", type=integer(1), default=_SERVICE.max_attempts,
                          help="attempts before dead-lettering (default %(default)s)")
-    service.add_argument("--exit-when-idle", type=number(0), metavar="SECS", help="stop after SECS with nothing to do")
+    service.add_argument("--exit-when-idle", type=number(0), metavar="SECS",
+                         help="stop after SECS with nothing to do, counted from joining the group")
     service.add_argument("--stall-timeout", type=number(above=0), default=_SERVICE.stall_timeout, metavar="SECS",
                          help="exit 1 when no prompt finished for SECS with prompts in flight; /healthz fails when "
                               "prompts were pending for SECS without one fetched or finished (default %(default)s)")

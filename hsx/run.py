@@ -37,7 +37,7 @@ from hsx.dataset.storage import dataset_name, is_object_store, open_payload_stor
 from hsx.extractor.cli import add_model_arguments, as_argv, check_layout, model_and_layers
 from hsx.ledger import Ledger, LedgerFeed
 from hsx.local.broker import EmbeddedBroker
-from hsx.local.commands import extract_command, sink_command
+from hsx.local.commands import STEADY_SESSION_TIMEOUT_MS, extract_command, sink_command
 from hsx.local.spawn import HsxService
 from hsx.local.topics import fresh_topic_settings
 from hsx.producer.cli import add_input_arguments, input_from_args
@@ -193,10 +193,12 @@ def run_pipeline(plan: RunPlan) -> RunReport:
         group = f"hsx-run-{uuid.uuid4().hex[:8]}"
         sink = HsxService("sink", sink_command(bootstrap, topic_settings, plan.output, "--flush-when-idle",
                                                SINK_FLUSH_WHEN_IDLE, "--dataset-codec", plan.dataset_codec.value,
-                                               *transport, group=f"{group}-sink"), logs, stats=True)
+                                               *transport, group=f"{group}-sink",
+                                               session_timeout_ms=STEADY_SESSION_TIMEOUT_MS), logs, stats=True)
         extractor = HsxService("extractor", extract_command(bootstrap, topic_settings, plan.model, *plan.engine_argv,
                                                             "--wire-dtype", plan.wire_dtype, *transport,
-                                                            group=f"{group}-extractor", engine_flags=()),
+                                                            group=f"{group}-extractor", engine_flags=(),
+                                                            session_timeout_ms=STEADY_SESSION_TIMEOUT_MS),
                                logs, stats=True)
         started = time.monotonic()
         services = (sink, extractor)

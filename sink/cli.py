@@ -66,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--staged-max-age", type=number(above=0), default=_DEFAULTS.staged_max_age, metavar="SECS",
                         help="delete staged objects older than SECS from the payload store (those no manifest "
                              "names); keep it above the blocks topic's retention (default %(default)s: 7 days)")
-    parser.add_argument("--exit-when-idle", type=number(0), metavar="SECS", help="stop after SECS with nothing to read")
+    parser.add_argument("--exit-when-idle", type=number(0), metavar="SECS",
+                        help="stop after SECS with nothing to read, counted from joining the group")
     parser.add_argument("--exactly-once", action="store_true",
                         help="ready events and offset commits in one Kafka transaction (needs a broker with full "
                              "transaction support, e.g. Apache Kafka)")

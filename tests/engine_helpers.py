@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from confluent_kafka import Message
 
-from hsx.local.commands import extract_command
+from hsx.local.commands import STEADY_SESSION_TIMEOUT_MS, extract_command
 from hsx.local.spawn import HsxService
 from hsx.runtime.settings import TopicSettings
 from hsx.runtime.tensors import TORCH_DTYPES
@@ -24,7 +24,8 @@ def run_extractor(bootstrap: str, topics: TopicSettings, group: str, model: Path
                   timeout: float = 900) -> int:
     """``hsx extract`` until idle, as a user would run it; output goes to
     ``log_path``. Returns the exit status."""
-    command = extract_command(bootstrap, topics, model, "--exit-when-idle", "8", *extra, group=group)
+    command = extract_command(bootstrap, topics, model, "--exit-when-idle", "8", *extra, group=group,
+                              session_timeout_ms=STEADY_SESSION_TIMEOUT_MS)
     with HsxService(log_path.stem, command, log_path.parent) as extractor:
         return extractor.wait(timeout)
 

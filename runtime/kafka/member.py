@@ -101,7 +101,9 @@ class GroupMember:
         self._cooperative = True
         self._assigned: set[TopicPartitionKey] = set()
         self._commit: Commit = self._commit_watermarks
-        self._last_commit = self._last_activity = time.monotonic()
+        self._last_commit = time.monotonic()
+        self._last_activity: float | None = None
+        """When something last happened; None until the member first joins the group."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -136,7 +138,10 @@ class GroupMember:
         self._consumer = Consumer(config)
         self._consumer.subscribe([self._topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                  on_lost=self._on_lost)
-        self._last_commit = self._last_activity = time.monotonic()  # start-up is not idleness
+        # Start-up, joining the group included, is not idleness: the idle clock starts at
+        # the first assignment (an empty one too), which can take a while (Kafka waits for
+        # the group's members to rejoin; tansu holds a first join for half the session).
+        self._last_commit, self._last_activity = time.monotonic(), None
 
     def stop(self) -> None:
         """Stop fetching; the service finishes its work, commits and leaves."""
@@ -211,7 +216,8 @@ class GroupMember:
 
     def tick(self, busy: bool = False) -> None:
         """Commit (and update the lag gauge) when the interval is up; stop when
-        idle for ``exit_when_idle`` seconds and not ``busy``."""
+        idle for ``exit_when_idle`` seconds since the last activity (at the
+        earliest, the first assignment) and not ``busy``."""
         now = time.monotonic()
         if now - self._last_commit >= self._commit_interval:
             self.commit()
@@ -222,7 +228,8 @@ class GroupMember:
         idle = self._exit_when_idle
         if busy:
             self._last_activity = now
-        elif idle is not None and now - self._last_activity >= idle and not self.stopping:
+        elif (idle is not None and self._last_activity is not None and now - self._last_activity >= idle
+              and not self.stopping):
             log.info("idle for %.0fs: stopping", idle)
             self.stopping = True
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,12 @@ import pytest
 from hsx import models
 from hsx.extractor.cpu_defaults import BIND_ENV, KV_ENV, cpu_list, rank_binding
 from hsx.extractor.engine import default_layer_ids
-from hsx.local.commands import extract_command
+from hsx.local.commands import STEADY_SESSION_TIMEOUT_MS, extract_command
 from hsx.local.spawn import HsxService, cpu_engine_env
 from hsx.local.topics import fresh_topics
 from tests.drain import drain
 from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.schemas import BlockRecordHeaders
 from hsx.reference import HFReference, max_relative_error
 from tests.engine_helpers import reassemble
 from tests.reliability.harness import as_records, publish
@@ -42,7 +44,7 @@ def extract(kafka: KafkaSettings, topics: TopicSettings, log_dir: Path, name: st
     """``hsx extract`` on a tiny model (a name, or a directory) until idle: its exit status and log."""
     tiny = model if isinstance(model, Path) else models.prepare(names=[model])[model]
     command = extract_command(kafka.bootstrap, topics, tiny, "--exit-when-idle", "5", *extra,
-                              group=f"g-{topics.prompts}")
+                              group=f"g-{topics.prompts}", session_timeout_ms=STEADY_SESSION_TIMEOUT_MS)
     with HsxService(name, command, log_dir, env=env) as extractor:
         return extractor.wait(900), extractor.logs()
 
@@ -104,10 +106,13 @@ def test_two_ranks_run_from_a_plain_shell_and_each_prompt_is_sent_once(kafka: Ka
     """Two ranks, each bound to cores of its own. Tensor parallel: every rank
     holds the same hidden states and only rank 0 produces them. Data parallel:
     two engine cores share the prompts (vLLM balances them), each with its own
-    connector, each sending its own. Either way one sample per prompt (a rank
-    sending twice would double the records, and reassembly rejects duplicates; a
-    rank not sending would leave its prompts unfinished), each equal to HF's
-    forward pass, and the answer HF's greedy one."""
+    connector, each sending its own. Either way no record goes out twice (a
+    second rank sending), one attempt and one sample per prompt (a rank not
+    sending would leave its prompts unfinished), each equal to HF's forward
+    pass, and the answer HF's greedy one. One attempt holds only because the
+    extractor's session outlasts two ranks starting on two cores
+    (``STEADY_SESSION_TIMEOUT_MS``); with 6 s it once expired and every prompt in
+    flight was extracted again."""
     topics = fresh_topics(kafka, partitions=1)
     publish(kafka, topics.prompts, as_records(TWO_RANK_PROMPTS))
     status, log = extract(kafka, topics, tmp_path, layout.split("-")[2], "--max-model-len", "512", layout, "2",
@@ -116,7 +121,12 @@ def test_two_ranks_run_from_a_plain_shell_and_each_prompt_is_sent_once(kafka: Ka
     assert f"{BIND_ENV}={rank_binding(os.sched_getaffinity(0), 2)}" in log
     if layout == "--data-parallel-size":
         assert "EngineCore_DP1" in log and "local_rank=0, core ids=[" in log
-    samples = reassemble(drain(kafka, topics.blocks, expected=1, timeout=30, settle=3.0))
+    records = drain(kafka, topics.blocks, expected=1, timeout=30, settle=3.0)
+    sent = Counter((r.key(), h.attempt_id, h.block_index)
+                   for r in records for h in [BlockRecordHeaders.from_kafka(r.headers())])
+    assert max(sent.values()) == 1, "a record went out twice: a second rank sent it"
+    assert len({(key, attempt) for key, attempt, _ in sent}) == len(TWO_RANK_PROMPTS), "one attempt per prompt"
+    samples = reassemble(records)
     assert {k: len(v) for k, v in samples.items()} == {str(p["request_id"]): 1 for p in TWO_RANK_PROMPTS}
     reference = HFReference(models.prepare(names=["tiny-llama"])["tiny-llama"])
     layers = default_layer_ids(reference.num_layers)

@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Producer
 
 from hsx import models
-from hsx.local.commands import extract_command
+from hsx.local.commands import STEADY_SESSION_TIMEOUT_MS, extract_command
 from hsx.local.spawn import HsxService
 from hsx.local.topics import fresh_topics
 from hsx.reference import HFReference, max_relative_error
@@ -92,7 +92,8 @@ def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Run:
         producer.produce(topics.prompts, key=str(event["request_id"]).encode(), value=orjson.dumps(event))
     assert producer.flush(30) == 0
     command = extract_command(kafka.bootstrap, topics, model, "--exit-when-idle", "8", "--max-model-len",
-                              str(MAX_MODEL_LEN), "--max-num-batched-tokens", str(CHUNK), "--layers", LAYERS, group=f"g-{topics.prompts}")
+                              str(MAX_MODEL_LEN), "--max-num-batched-tokens", str(CHUNK), "--layers", LAYERS, group=f"g-{topics.prompts}",
+                              session_timeout_ms=STEADY_SESSION_TIMEOUT_MS)
     hits = 0.0
     with HsxService("extract", command, tmp_path_factory.mktemp("generate")) as extractor:
         while extractor.exited() is None:  # vLLM's own counter, scraped while the extractor serves it

@@ -102,6 +102,30 @@ def test_member_stops_when_idle_but_not_while_busy(kafka: KafkaSettings) -> None
         member.close()
 
 
+def test_the_idle_clock_starts_when_the_member_joins(kafka: KafkaSettings) -> None:
+    """Joining is start-up, not idleness: a member that waits longer than its idle
+    time for its first assignment (Kafka waits for a group's members to rejoin)
+    must not leave before it got any work."""
+    member = GroupMember(kafka, f"g-{uuid.uuid4().hex[:8]}", _topic(kafka, 0), "test_member",
+                         consumer_overrides={"session.timeout.ms": 6000}, exit_when_idle=2.0)
+    member.subscribe()
+    try:
+        time.sleep(2.2)
+        member.tick()  # not polled yet, so not joined: callbacks run only inside poll
+        assert not member.stopping
+        deadline = time.monotonic() + 30
+        while not member.assignment and time.monotonic() < deadline:
+            member.poll(10, 0.1)
+        assert member.assignment
+        member.tick()
+        assert not member.stopping
+        time.sleep(2.2)
+        member.tick()
+        assert member.stopping
+    finally:
+        member.close()
+
+
 def test_dead_letters_carry_the_rejection_and_count_as_done_when_acked(kafka: KafkaSettings) -> None:
     topic = _topic(kafka, 0)
     letters = DeadLetters(RecordProducer.connect(kafka, "extractor"), "extractor")
