@@ -20,13 +20,14 @@ from hsx.runtime.settings import TopicSettings
 SESSION_TIMEOUT_MS = 6000
 """For runs that kill or add members: the others take over within seconds."""
 
-STEADY_SESSION_TIMEOUT_MS = 20_000
+STEADY_SESSION_TIMEOUT_MS = 12_000
 """For runs that never replace a member (``hsx run``, engine tests). A short
 session buys nothing there and costs a spurious rebalance whenever the machine
-is starved for a few seconds (a CPU engine running two ranks on two cores: 6 s
-expired once): the member loses its partitions and extracts its prompts in
-flight a second time. Not longer, because the embedded broker (tansu) holds a
-new group's first join for half the session (10 s here; 3 s at 6 s)."""
+is starved for a few seconds (a CPU engine running two ranks on two cores: no
+heartbeat answered for 6-7 s once): the member loses its partitions and
+extracts its prompts in flight a second time. Not longer, because the embedded
+broker (tansu) holds a new group's first join for half the session (6 s here,
+3 s at 6 s, 10 s at 20 s), and every run waits for its extractor's join."""
 
 
 def _group(group: str | None) -> list[str]:
