@@ -103,7 +103,10 @@ class GroupMember:
         self._commit: Commit = self._commit_watermarks
         self._last_commit = time.monotonic()
         self._last_activity: float | None = None
-        """When something last happened; None until the member first joins the group."""
+        """When something last happened. None until the first assignment (an empty
+        one too): start-up, joining the group included, is not idleness, and a join
+        can take a while (Kafka waits for the group's members to rejoin; tansu holds
+        a first join for half the session)."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -138,10 +141,7 @@ class GroupMember:
         self._consumer = Consumer(config)
         self._consumer.subscribe([self._topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                  on_lost=self._on_lost)
-        # Start-up, joining the group included, is not idleness: the idle clock starts at
-        # the first assignment (an empty one too), which can take a while (Kafka waits for
-        # the group's members to rejoin; tansu holds a first join for half the session).
-        self._last_commit, self._last_activity = time.monotonic(), None
+        self._last_commit = time.monotonic()
 
     def stop(self) -> None:
         """Stop fetching; the service finishes its work, commits and leaves."""
