@@ -28,7 +28,7 @@ from hsx.extractor.model_config import text_config
 from hsx.extractor.options import ExtractorOptions
 from hsx.extractor.prompts import PromptPreparer, PromptRejected
 from hsx.extractor.stats import ExtractorStats
-from hsx.runtime.errors import ExitCode, InvalidInput, ServiceFailed
+from hsx.runtime.errors import ExitCode, InvalidInput, ServiceFailed, unexpected
 from hsx.runtime.kafka import DeliveryFailed, RecordProducer, ensure_topics
 from hsx.runtime.kafka.dead_letters import DeadLetters
 from hsx.runtime.kafka.member import GroupMember
@@ -209,6 +209,9 @@ class Extractor:
             return
         except PromptRejected as rejection:
             self._dead_letter(message, rejection)
+            return
+        except Exception as exc:  # the last line of defence: this record, not the service
+            self._dead_letter(message, unexpected(exc, f"prompt {source.topic}-{source.partition}@{source.offset}"))
             return
         rejection = await self._attempts.extract(event, prepared, source)
         if rejection is None:

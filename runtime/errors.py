@@ -7,9 +7,12 @@ Every ``hsx`` command maps an :class:`HsxError` that reaches it to
 
 from __future__ import annotations
 
+import logging
 from enum import IntEnum
 
 from hsx.schemas import ErrorClass
+
+log = logging.getLogger(__name__)
 
 
 class ExitCode(IntEnum):
@@ -57,3 +60,14 @@ class InvalidInput(HsxError):
         super().__init__(reason)
         self.error_class = error_class
         self.reason = reason
+
+
+def unexpected(error: Exception, record: str) -> InvalidInput:
+    """The last line of defence for one record, as Kafka Streams' deserialization
+    exception handler: an exception that no rule names, raised while parsing or
+    checking ``record``, becomes a dead letter of class ``unexpected`` (with the
+    exception's type and message) so that the service's loop goes on. Logged
+    with its traceback: every one is a defect in hsx to fix and report."""
+    log.error("unexpected %s while checking %s: dead-lettered; this is a defect in hsx, please report it",
+              type(error).__name__, record, exc_info=error)
+    return InvalidInput(ErrorClass.UNEXPECTED, f"unexpected {type(error).__name__} while checking the record: {error}")

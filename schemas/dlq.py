@@ -42,12 +42,18 @@ class ErrorClass(StrEnum):
     CORRUPT_BLOCK = "corrupt_block"
     SHAPE_MISMATCH = "shape_mismatch"
     CONFLICTING_DUPLICATE = "conflicting_duplicate"
+    SAMPLE_TOO_LARGE = "sample_too_large"
+    """The manifest declares more hidden-state bytes than ``hsx sink --max-sample-bytes``."""
     # sink: by-reference manifests (the error message names the staged object)
     PAYLOAD_FORBIDDEN = "payload_forbidden"
     """The manifest names an object other than its attempt's staged key."""
     PAYLOAD_MISSING = "payload_missing"
     PAYLOAD_CORRUPT = "payload_corrupt"
     """The staged object is shorter than its manifest says, or a block in it does not verify."""
+    # any service: the last line of defence
+    UNEXPECTED = "unexpected"
+    """Checking the record raised an exception no rule names (its type and message
+    are the reason): a defect in hsx to report, dead-lettered so the loop goes on."""
 
 
 class DlqHeaders(StrictModel):

@@ -42,7 +42,12 @@ takes them as its own arguments, and the extractor sets them itself."""
 def _check_json_bounds(field: str, value: dict[str, Any], max_bytes: int, max_depth: int) -> None:
     if _depth(value) > max_depth:
         raise ValueError(f"{field} nested deeper than {max_depth} levels")
-    size = len(orjson.dumps(value))
+    try:
+        size = len(orjson.dumps(value))
+    except orjson.JSONEncodeError as exc:
+        # Python's JSON parser (pydantic's) reads integers of any size; orjson, Kafka's
+        # consumers and the ready event cannot carry one beyond 64 bits.
+        raise ValueError(f"{field} holds a value JSON tools cannot carry: {exc}") from None
     if size > max_bytes:
         raise ValueError(f"{field} is {size} bytes as JSON, more than {max_bytes}")
 

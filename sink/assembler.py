@@ -32,7 +32,7 @@ from hsx.codecs.block import CorruptBlock, combined_checksum, decode_block, read
 from hsx.codecs.fp8_blocks import fp8_rows
 from hsx.dataset.encoding import records_fit
 from hsx.dataset.sample import Sample
-from hsx.runtime.errors import InvalidInput
+from hsx.runtime.errors import InvalidInput, unexpected
 from hsx.schemas import BlockHeader, BlockRecordHeaders, ErrorClass, Manifest, RecordKind, format_validation_error
 from hsx.schemas.dataset_codec import DatasetCodec
 
@@ -82,6 +82,11 @@ class _Pending:
         return sum(len(r.value) for r in self.blocks.values())
 
 
+DEFAULT_MAX_SAMPLE_BYTES = 8 << 30
+"""``hsx sink --max-sample-bytes``: 8 GiB, a 128K-token sample of four 4096-wide
+bf16 layers (an 8B model's EAGLE-3 capture) with room to spare."""
+
+
 class Assembler:
     """Turns one partition's records into samples and rejections.
 
@@ -91,10 +96,12 @@ class Assembler:
     block is verified in a reused buffer and its raw bytes are never kept, which
     saves the sink a sample-sized allocation and the page faults of filling it."""
 
-    def __init__(self, incomplete_timeout: float = 600.0, stored_as: DatasetCodec = DatasetCodec.RAW) -> None:
+    def __init__(self, incomplete_timeout: float = 600.0, stored_as: DatasetCodec = DatasetCodec.RAW,
+                 max_sample_bytes: int = DEFAULT_MAX_SAMPLE_BYTES) -> None:
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._timeout = incomplete_timeout
         self._keep_records = stored_as is DatasetCodec.BYTEPLANE_ZSTD
+        self._max_sample_bytes = max_sample_bytes
 
     @property
     def pending_bytes(self) -> int:
@@ -102,13 +109,18 @@ class Assembler:
 
     def add(self, record: Record) -> Sample | Staged | RejectedRecords | None:
         """Feed one record; returns a finished sample, a by-reference manifest to
-        fetch the blocks of, or a rejection, if any."""
+        fetch the blocks of, or a rejection, if any. Never raises for a record's
+        content: an exception no rule names rejects the record (and its blocks)
+        as ``unexpected``."""
+        key_text = (record.key or b"").decode("utf-8", "replace") or None
         try:
             headers = BlockRecordHeaders.from_kafka(record.headers)
             request_id = (record.key or b"").decode()
         except (ValidationError, UnicodeDecodeError) as exc:
-            key = (record.key or b"").decode("utf-8", "replace") or None
-            return RejectedRecords(ErrorClass.INVALID_RECORD, f"unreadable block record: {exc}", [record.offset], key, record.value)
+            return RejectedRecords(ErrorClass.INVALID_RECORD, f"unreadable block record: {exc}", [record.offset],
+                                   key_text, record.value)
+        except Exception as exc:
+            return _unexpected(exc, f"block record @{record.offset}", [record.offset], key_text, record.value)
         key = (request_id, headers.attempt_id)
         if headers.kind is RecordKind.BLOCK:
             assert headers.block_index is not None
@@ -117,13 +129,23 @@ class Assembler:
         pending = self._pending.pop(key, _Pending())
         offsets = sorted(r.offset for r in pending.blocks.values()) + [record.offset]
         try:
+            return self._manifest(record, request_id, headers.attempt_id, pending, offsets)
+        except Exception as exc:
+            return _unexpected(exc, f"manifest @{record.offset}", offsets, request_id, record.value)
+
+    def _manifest(self, record: Record, request_id: str, attempt_id: str, pending: _Pending,
+                  offsets: list[int]) -> Sample | Staged | RejectedRecords:
+        """What a manifest record and the blocks of its attempt make."""
+        try:
             manifest = Manifest.model_validate(orjson.loads(record.value), strict=False)
         except (orjson.JSONDecodeError, ValidationError) as exc:
             reason = format_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
             return RejectedRecords(ErrorClass.INVALID_MANIFEST, f"manifest does not validate: {reason}", offsets, request_id, record.value)
-        if manifest.request_id != request_id or manifest.attempt_id != headers.attempt_id:
+        if manifest.request_id != request_id or manifest.attempt_id != attempt_id:
             return RejectedRecords(ErrorClass.INVALID_MANIFEST, "manifest does not match its record key / attempt header",
                             offsets, request_id, record.value)
+        if (too_large := self._too_large(manifest)) is not None:
+            return RejectedRecords(ErrorClass.SAMPLE_TOO_LARGE, too_large, offsets, request_id, record.value)
         if manifest.payload is not None:
             if pending.blocks:
                 return RejectedRecords(ErrorClass.INVALID_MANIFEST, f"a by-reference manifest, but "
@@ -138,11 +160,24 @@ class Assembler:
         block that does not verify is ``payload_corrupt`` naming it."""
         blocks = {ref.index: staged_object[ref.offset or 0:(ref.offset or 0) + ref.compressed_nbytes]
                   for ref in staged.manifest.blocks}
-        done = self._sample(staged.manifest, blocks, [staged.offset], staged.value, back_to_back=staged_object)
+        try:
+            done = self._sample(staged.manifest, blocks, [staged.offset], staged.value, back_to_back=staged_object)
+        except Exception as exc:
+            return staged.reject(ErrorClass.UNEXPECTED, unexpected(exc, f"staged object {location}").reason)
         if isinstance(done, RejectedRecords):
             error_class = ErrorClass.PAYLOAD_CORRUPT if done.error_class is ErrorClass.CORRUPT_BLOCK else done.error_class
             return staged.reject(error_class, f"staged object {location}: {done.reason}")
         return done
+
+    def _too_large(self, manifest: Manifest) -> str | None:
+        """Why the sample is over ``max_sample_bytes``, checked before anything is
+        fetched or decoded: its raw hidden states, or its staged object."""
+        raw = manifest.captured_tokens * len(manifest.layer_ids) * manifest.hidden_size * manifest.dtype.itemsize
+        staged = manifest.payload.nbytes if manifest.payload is not None else 0
+        if max(raw, staged) <= self._max_sample_bytes:
+            return None
+        what = f"{raw} bytes of hidden states" if raw >= staged else f"a staged object of {staged} bytes"
+        return f"the manifest declares {what}, more than the sink's --max-sample-bytes {self._max_sample_bytes}"
 
     def supersede(self, request_id: str) -> list[RejectedRecords]:
         """Reject the unfinished attempts of a request that now has a complete one.
@@ -244,6 +279,11 @@ def _fp8_decoded(manifest: Manifest, records: list[Buffer]) -> tuple[np.ndarray,
     if len(parts) == 1:
         return parts[0]
     return np.concatenate([codes for codes, _ in parts]), np.concatenate([scales for _, scales in parts])
+
+
+def _unexpected(error: Exception, what: str, offsets: list[int], request_id: str | None,
+                value: bytes) -> RejectedRecords:
+    return RejectedRecords(ErrorClass.UNEXPECTED, unexpected(error, what).reason, offsets, request_id, value)
 
 
 @contextmanager

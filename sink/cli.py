@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="close an open shard after SECS without a new sample (default: off)")
     parser.add_argument("--max-buffer-bytes", type=integer(1), default=_DEFAULTS.max_buffer_bytes,
                         help="memory budget; pause above it (default %(default)s)")
+    parser.add_argument("--max-sample-bytes", type=integer(1), default=_DEFAULTS.max_sample_bytes,
+                        help="dead-letter a manifest declaring more hidden-state bytes, before decoding any of "
+                             "its blocks (default %(default)s)")
     parser.add_argument("--incomplete-timeout", type=number(above=0), default=_DEFAULTS.incomplete_timeout,
                         metavar="SECS",
                         help="reject blocks whose manifest has not come after SECS (default %(default)s)")

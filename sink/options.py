@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hsx.schemas.dataset_codec import DatasetCodec
+from hsx.sink.assembler import DEFAULT_MAX_SAMPLE_BYTES
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,9 @@ class SinkOptions:
     max_buffer_bytes: int = 2 << 30
     """Bytes held in memory (blocks awaiting manifests + open shards); partitions
     pause above it."""
+    max_sample_bytes: int = DEFAULT_MAX_SAMPLE_BYTES
+    """A manifest declaring more hidden-state bytes (or a larger staged object) is
+    dead-lettered as ``sample_too_large`` before any of its blocks is decoded."""
     incomplete_timeout: float = 600.0
     stall_timeout: float = 600.0
     """/healthz fails once records were pending (fetched and not done, or not

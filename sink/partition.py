@@ -15,7 +15,7 @@ from hsx.runtime.errors import HsxError
 from hsx.schemas import HiddenStatesReady, ShardIndex
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.schemas.keys import token_key
-from hsx.sink.assembler import Assembler, Staged
+from hsx.sink.assembler import DEFAULT_MAX_SAMPLE_BYTES, Assembler, Staged
 from hsx.sink.keys import KeyIndex, load_keys
 from hsx.dataset.shards import (
     INDEX, OpenShard, partition_prefix, partition_stems, prefixed_stem, remove_orphans, shard_keys,
@@ -93,7 +93,8 @@ class PartitionState:
 
     @classmethod
     def load(cls, storage: Storage, topic: str, partition: int, incomplete_timeout: float,
-             stored_as: DatasetCodec = DatasetCodec.RAW) -> PartitionState:
+             stored_as: DatasetCodec = DatasetCodec.RAW,
+             max_sample_bytes: int = DEFAULT_MAX_SAMPLE_BYTES) -> PartitionState:
         """The partition as the dataset left it: a shard a crash left without an
         index is removed (its records are replayed), indexed samples are known.
         Costs a listing of the partition's index and key files and a read per key
@@ -102,7 +103,7 @@ class PartitionState:
         indexed = partition_stems(storage, INDEX, prefix, ".json")
         for orphan in remove_orphans(storage, prefix, indexed[-1] if indexed else None):
             log.warning("removed %s: written before a crash, never indexed (its records will be replayed)", orphan)
-        return cls(topic, partition, Assembler(incomplete_timeout, stored_as), OpenShard(topic, partition),
+        return cls(topic, partition, Assembler(incomplete_timeout, stored_as, max_sample_bytes), OpenShard(topic, partition),
                    load_keys(storage, prefix, indexed))
 
     @property

@@ -142,7 +142,7 @@ class Sink:
         for topic, partition in partitions:
             try:
                 state = PartitionState.load(self.storage, topic, partition, self.options.incomplete_timeout,
-                                            self.options.dataset_codec)
+                                            self.options.dataset_codec, self.options.max_sample_bytes)
             except (StorageRefused, OSError) as exc:  # refused, or unavailable past the client's retries:
                 self.member.fail(exc)                  # stop; nothing of the partition was processed or committed
                 return

@@ -54,10 +54,11 @@ class LocalStorage:
 
     def read_ranges(self, relative: str, ranges: Sequence[tuple[int, int]]) -> list[memoryview]:
         with self.local_path(relative).open("rb") as stream:
+            size = os.fstat(stream.fileno()).st_size  # read(n) allocates n bytes first: cut the range at the end
             out = []
             for start, end in ranges:
                 stream.seek(start)
-                out.append(memoryview(stream.read(max(0, end - start))))
+                out.append(memoryview(stream.read(max(0, min(end, size) - start))))
             return out
 
     def list(self, prefix: str, starting: str = "", after: str = "") -> list[str]:

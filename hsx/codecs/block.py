@@ -153,8 +153,45 @@ def unpack_segment(chunk: memoryview, segment: Segment, size: int) -> bytes:
 
 
 def read_header(value: Buffer) -> tuple[BlockHeader, memoryview]:
-    """Parse and validate a record's header; returns it with the payload view."""
-    return read_frame(value, MAGIC, BlockHeader, "block record")
+    """Parse and validate a record's header, and check that its payload can hold
+    what the header declares (:func:`check_segments`); returns the header with
+    the payload view. Nothing is sized from the header before this passes."""
+    header, payload = read_frame(value, MAGIC, BlockHeader, "block record")
+    check_segments(header.segments, segment_sizes(header), payload, "block")
+    return header, payload
+
+
+def segment_sizes(header: BlockHeader) -> list[int]:
+    """The raw bytes each of a block's segments must decode to."""
+    if header.quantization is not None:
+        return header.part_nbytes
+    if header.codec is Codec.BYTEPLANE_ZSTD:
+        return [header.raw_nbytes // header.dtype.itemsize] * header.dtype.itemsize
+    return [header.raw_nbytes]
+
+
+ZSTD_MAX_RATIO = 1 << 15
+"""The most raw bytes one byte of zstd can stand for: a run-length block of
+128 KiB (zstd's largest) costs 4 bytes, its 3-byte header and the byte repeated."""
+
+
+def check_segments(segments: Sequence[Segment], sizes: Sequence[int], payload: memoryview, what: str) -> None:
+    """:class:`CorruptBlock` unless ``payload`` is exactly ``segments`` back to back
+    and each segment can hold its size in ``sizes``: a raw one is that size, a zstd
+    one is at least ``1 / ZSTD_MAX_RATIO`` of it. A header declaring gigabytes
+    over a few bytes of payload (a forged or broken record) is refused here,
+    before any buffer is sized from it."""
+    if len(segments) != len(sizes):
+        raise CorruptBlock(f"{what} has {len(segments)} segments, its header's codec needs {len(sizes)}")
+    declared = sum(s.nbytes for s in segments)
+    if declared != payload.nbytes:
+        raise CorruptBlock(f"{what} payload is {payload.nbytes} bytes, header says {declared}")
+    for i, (segment, size) in enumerate(zip(segments, sizes)):
+        if segment.encoding == "raw" and segment.nbytes != size:
+            raise CorruptBlock(f"{what} segment {i} is {segment.nbytes} raw bytes, its header needs {size}")
+        if segment.encoding == "zstd" and size > segment.nbytes * ZSTD_MAX_RATIO:
+            raise CorruptBlock(f"{what} segment {i} of {segment.nbytes} zstd bytes cannot hold the {size} its "
+                               f"header declares")
 
 
 def read_frame(value: Buffer, magic: bytes, model: type[H], what: str) -> tuple[H, memoryview]:
@@ -193,15 +230,6 @@ def decode_block(value: Buffer, out: memoryview | None = None) -> tuple[BlockHea
         raise CorruptBlock(f"the block holds {header.quantization} rows, raw bytes were expected")
     if out is not None and out.nbytes != header.raw_nbytes:
         raise CorruptBlock(f"the block holds {header.raw_nbytes} raw bytes, {out.nbytes} were expected")
-    if sum(s.nbytes for s in header.segments) != payload.nbytes:
-        raise CorruptBlock(f"payload is {payload.nbytes} bytes, header says {sum(s.nbytes for s in header.segments)}")
-    if header.quantization is not None:
-        expected_planes = len(header.part_nbytes)
-    else:
-        expected_planes = header.dtype.itemsize if header.codec is Codec.BYTEPLANE_ZSTD else 1
-    if len(header.segments) != expected_planes:
-        what = f"codec {header.codec.value}" + (f" with {header.quantization}" if header.quantization else "")
-        raise CorruptBlock(f"{len(header.segments)} segments for {what}, expected {expected_planes}")
     raw: Buffer
     if header.quantization is not None:
         raw = _decode_parts(header, payload)

@@ -25,6 +25,7 @@ from typing_extensions import Buffer
 
 from hsx.codecs.block import (
     CorruptBlock,
+    check_segments,
     checksum,
     decode_block,
     encode_block,
@@ -105,10 +106,9 @@ def read_fp8(payload: Buffer, shape: Shape | None = None) -> tuple[np.ndarray, n
     header, body = read_frame(payload, FP8_MAGIC, Fp8Header, "fp8 sample")
     if shape is not None and header.shape != tuple(shape):
         raise CorruptBlock(f"fp8 sample holds shape {header.shape}, expected {tuple(shape)}")
-    if sum(s.nbytes for s in header.segments) != body.nbytes:
-        raise CorruptBlock(f"fp8 payload is {body.nbytes} bytes, header says {sum(s.nbytes for s in header.segments)}")
     tokens, layers, hidden = header.shape
     sizes = (tokens * layers * 4, tokens * layers * hidden)
+    check_segments(header.segments, sizes, body, "fp8 sample")
     split = header.segments[0].nbytes
     scales_bytes = unpack_segment(body[:split], header.segments[0], sizes[0])
     codes_bytes = unpack_segment(body[split:], header.segments[1], sizes[1])

@@ -13,6 +13,7 @@ from hsx.codecs.block import checksum, encode_block, read_header
 from hsx.dataset.encoding import encode
 from hsx.dataset.sample import Sample
 from hsx.schemas import BlockRecordHeaders, BlockRef, Codec, DType, Manifest, RecordKind, SourceRef
+from hsx.schemas.blocks import FRAME_PREFIX, MAGIC
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.sink.assembler import Assembler, Record, RejectedRecords
 
@@ -177,3 +178,62 @@ def test_unreadable_headers_are_rejected() -> None:
 def test_garbage_manifest_is_rejected() -> None:
     recs, _ = records()
     assert _rejected([*recs[:-1], _mangle(recs[-1], b"{not json")]).error_class == "invalid_manifest"
+
+
+def _forge(recs: list[Record], tokens: int, hidden: int) -> list[Record]:
+    """Block 0's header and the manifest agree on ``tokens`` x LAYERS x ``hidden``;
+    the payload stays the few bytes it was."""
+    header, payload = read_header(recs[0].value)
+    forged = header.model_dump(mode="json", exclude_none=True) | {"shape": [tokens, LAYERS, hidden],
+                                                                  "token_end": tokens}
+    header_bytes = orjson.dumps(forged)
+    block = FRAME_PREFIX.pack(MAGIC, len(header_bytes)) + header_bytes + bytes(payload)
+    manifest = orjson.loads(recs[-1].value)
+    manifest |= {"hidden_size": hidden, "num_tokens": tokens, "token_ids": [0] * tokens,
+                 "blocks": [manifest["blocks"][0] | {"token_end": tokens, "compressed_nbytes": len(block)}]}
+    return [_mangle(recs[0], block), _mangle(recs[-1], orjson.dumps(manifest))]
+
+
+def test_a_header_declaring_more_than_its_payload_holds_is_rejected_before_any_allocation(stored_as: DatasetCodec) -> None:
+    """Found by the held-out check of #35: 4 x 2 x 2**31 float32 (64 GiB) over a
+    few hundred bytes raised MemoryError in the sink (its buffers were sized from
+    the header before the payload was checked), which stopped the sink."""
+    recs, _ = records(tokens=4, per_block=4)
+    rejected = Assembler(stored_as=stored_as, max_sample_bytes=1 << 40).add  # the size rule alone would not catch it
+    (result,) = [r for r in map(rejected, _forge(recs, tokens=4, hidden=2**31)) if r is not None]
+    assert isinstance(result, RejectedRecords) and result.error_class == "corrupt_block", result
+    assert str(4 * LAYERS * 2**31) in result.reason and result.offsets == [0, 1]  # a plane of the declared size
+
+
+def test_a_sample_over_the_size_limit_is_rejected_from_its_manifest() -> None:
+    recs, _ = records(tokens=10, per_block=4)
+    raw = 10 * LAYERS * HIDDEN * 4
+    assert isinstance(feed(Assembler(max_sample_bytes=raw), recs)[0], Sample)
+    (rejected,) = feed(Assembler(max_sample_bytes=raw - 1), recs)
+    assert isinstance(rejected, RejectedRecords) and rejected.error_class == "sample_too_large"
+    assert f"{raw} bytes of hidden states" in rejected.reason and rejected.offsets == [0, 1, 2, 3]
+
+
+def test_a_staged_object_over_the_size_limit_is_rejected_before_it_is_fetched() -> None:
+    recs, _ = records(tokens=4, per_block=4)
+    manifest = Manifest.model_validate_json(recs[-1].value).by_reference()
+    huge = orjson.loads(manifest.model_dump_json())
+    huge["payload"]["nbytes"] = huge["blocks"][0]["compressed_nbytes"] = 10**15
+    (rejected,) = feed(Assembler(), [_mangle(recs[-1], orjson.dumps(huge))])
+    assert isinstance(rejected, RejectedRecords) and rejected.error_class == "sample_too_large"
+    assert "staged object of 1000000000000000 bytes" in rejected.reason
+
+
+def test_an_exception_no_rule_names_dead_letters_the_record_and_its_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last line of defence: the loop goes on, the record is dead-lettered as
+    ``unexpected`` with the exception, nothing of the attempt stays pending."""
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ZeroDivisionError("a defect")
+
+    monkeypatch.setattr("hsx.sink.assembler.decode_block", broken)
+    recs, _ = records(tokens=10, per_block=4)
+    assembler = Assembler()
+    (rejected,) = feed(assembler, recs)
+    assert isinstance(rejected, RejectedRecords) and rejected.error_class == "unexpected"
+    assert rejected.reason.startswith("unexpected ZeroDivisionError") and "a defect" in rejected.reason
+    assert rejected.offsets == [0, 1, 2, 3] and rejected.value == recs[-1].value and assembler.pending_bytes == 0

@@ -121,7 +121,7 @@ def _corruptions() -> dict[str, tuple[bytes, str]]:
         "negative": (_reframed(value, codes, -scales), "malformed fp8 row at token 0, layer 0"),
         "truncated": (value[:-10], "payload is"),
         "one-segment": (frame(MAGIC, header.model_copy(update={"segments": header.segments[:1]}),
-                              [payload[: header.segments[0].nbytes]]), "1 segments for codec zstd with fp8"),
+                              [payload[: header.segments[0].nbytes]]), "block has 1 segments, its header's codec needs 2"),
     }
 
 

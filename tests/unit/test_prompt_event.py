@@ -116,6 +116,13 @@ INVALID = [
     ("metadata-list", ev(prompt="x", metadata=[1, 2]), "metadata", "dict_type"),
     ("metadata-too-deep", ev(prompt="x", metadata=deep(4)), "metadata", "deeper than 3"),
     ("metadata-too-big", ev(prompt="x", metadata={"k": "v" * 300}), "metadata", "more than 200"),
+    # Integers beyond 64 bits: Python's JSON reads them, orjson (the size check, the ready event) cannot.
+    # Raised TypeError, which stopped the extractor, until the fuzzing issue (#35).
+    ("metadata-int-beyond-64-bits", b'{"request_id":"a","prompt":"hi","metadata":{"k":100000000000000000000000000000}}',
+     "metadata", "Integer exceeds 64-bit range"),
+    ("template-kwargs-int-beyond-64-bits", b'{"request_id":"a","messages":[{"role":"user","content":"hi"}],'
+     b'"chat_template_kwargs":{"k":[-100000000000000000000000000000]}}', "chat_template_kwargs",
+     "Integer exceeds 64-bit range"),
     ("event-too-large", ev(prompt="x", pad="y" * 5000), "(event)", "more than the limit of 4096"),
     ("schema-version", ev(prompt="x", schema_version=2), "schema_version", "literal_error"),
     # Generation parameters: each bounded, unknown keys refused.
