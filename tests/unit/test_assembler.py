@@ -180,7 +180,7 @@ def test_garbage_manifest_is_rejected() -> None:
     assert _rejected([*recs[:-1], _mangle(recs[-1], b"{not json")]).error_class == "invalid_manifest"
 
 
-def _forge(recs: list[Record], tokens: int, hidden: int) -> list[Record]:
+def forge(recs: list[Record], tokens: int, hidden: int) -> list[Record]:
     """Block 0's header and the manifest agree on ``tokens`` x LAYERS x ``hidden``;
     the payload stays the few bytes it was."""
     header, payload = read_header(recs[0].value)
@@ -200,7 +200,7 @@ def test_a_header_declaring_more_than_its_payload_holds_is_rejected_before_any_a
     the header before the payload was checked), which stopped the sink."""
     recs, _ = records(tokens=4, per_block=4)
     rejected = Assembler(stored_as=stored_as, max_sample_bytes=1 << 40).add  # the size rule alone would not catch it
-    (result,) = [r for r in map(rejected, _forge(recs, tokens=4, hidden=2**31)) if r is not None]
+    (result,) = [r for r in map(rejected, forge(recs, tokens=4, hidden=2**31)) if r is not None]
     assert isinstance(result, RejectedRecords) and result.error_class == "corrupt_block", result
     assert str(4 * LAYERS * 2**31) in result.reason and result.offsets == [0, 1]  # a plane of the declared size
 
