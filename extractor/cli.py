@@ -41,7 +41,7 @@ def _layer_list(text: str) -> list[int]:
     return sorted(layers)
 
 
-def _engine_arg(text: str) -> tuple[str, object]:
+def engine_arg(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"--engine-arg wants KEY=VALUE, got {text!r}")
@@ -73,7 +73,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> list[argparse.Action
         model.add_argument("--max-num-seqs", type=integer(1), help="vLLM batch size limit"),
         model.add_argument("--max-num-batched-tokens", type=integer(1), help="vLLM tokens per step"),
         model.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / compilation"),
-        model.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
+        model.add_argument("--engine-arg", type=engine_arg, action="append", default=[], metavar="KEY=VALUE",
                            help="any other AsyncEngineArgs field (VALUE parsed as JSON when it can be)"),
     ]
 

@@ -27,6 +27,7 @@ from hsx.runtime.errors import ExitCode
 from hsx.schemas.connector import ConnectorConfig
 from tests.mounts import tmpfs
 from tests.unit.input_files import text_rows, write_hf_dataset, write_jsonl
+from tests.unit.test_draft_checkpoint import write_draft
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +37,7 @@ USAGE, UNAVAILABLE = ExitCode.USAGE, ExitCode.UNAVAILABLE
 LOCAL_SECONDS = 20.0
 """Bound for a local rejection (in-process; the first rows pay for imports)."""
 BLOCK_BYTES_MIN = ConnectorConfig.model_fields["block_bytes"].metadata[0].ge
-ERROR_LINE = re.compile(r"\bhsx( [a-z]+)?: ")
+ERROR_LINE = re.compile(r"\bhsx( [a-z-]+)?: ")
 """The command's error line: ``hsx sink: ...`` (logged) or argparse's ``hsx sink: argument ...``."""
 ENGINE_OR_WAIT = re.compile(r"vllm|Initializing|waiting for the Kafka cluster", re.IGNORECASE)
 
@@ -47,7 +48,8 @@ def _row_id(value: object) -> str | None:
 # (argv, exit code, phrase of the error line). Placeholders: {tiny} the tiny model, {vlm} tiny-qwen2.5-vl,
 # {prompts} a JSONL file, {tmp} this test's directory (exists), {config_only} and
 # {empty} model directories lacking weights / config.json, {dataset} a dataset
-# without samples, {hf} a datasets.save_to_disk input, {busy} a port in use.
+# without samples, {hf} a datasets.save_to_disk input, {busy} a port in use, {draft}
+# a folder of draft checkpoints (good, and three kinds of wrong).
 LOCAL = [
     (["broker", "--port", "70000"], USAGE, "argument --port: must be at most 65535, got 70000"),
     (["broker", "--port", "{busy}"], USAGE, "--port {busy} on --host 127.0.0.1: cannot listen there"),
@@ -128,6 +130,29 @@ LOCAL = [
     (["export", "{tmp}/x", "--dataset", "s3://"], USAGE, "s3://: an object-store dataset is s3://BUCKET[/PREFIX]"),
     (["export", "{tmp}/x", "--dataset", "{dataset}", "--format", "eagle"], USAGE,
      "argument --format: invalid choice: 'eagle'"),
+    (["eval-draft", "{prompts}", "--model", "{tiny}", "--draft", "/nonexistent"], USAGE,
+     "hsx eval-draft: --draft /nonexistent: no such directory"),
+    (["eval-draft", "{prompts}", "--model", "{tiny}", "--draft", "{tiny}"], USAGE,
+     "--draft {tiny}: not an EAGLE-3 checkpoint (config.json's speculators_model_type is None"),
+    (["eval-draft", "{prompts}", "--model", "{tiny}", "--draft", "{empty}"], USAGE,
+     "--draft {empty}: no config.json, so not a draft checkpoint"),
+    (["eval-draft", "{prompts}", "--model", "{tiny}", "--draft", "{draft}/no-weights"], USAGE,
+     "no *.safetensors weights beside config.json"),
+    (["eval-draft", "{prompts}", "--model", "{tiny}", "--draft", "{draft}/other-verifier"], USAGE,
+     "is not a draft for this model (built for verifier-576x49152): it expects hidden size 576, the model has "
+     "128; its vocabulary is 49152 tokens, the model's 1000"),
+    (["eval-draft", "{prompts}", "--model", "{tiny}", "--draft", "{draft}/aux-past-the-layers"], USAGE,
+     "its aux layer ids [1, 2, 4] go past the model's 4 layers (0..3)"),
+    (["eval-draft", "/nonexistent.jsonl", "--model", "{tiny}", "--draft", "{draft}/good"], USAGE,
+     "cannot read /nonexistent.jsonl"),
+    (["eval-draft", "{prompts}", "--model", "/nonexistent", "--draft", "{draft}/good"], USAGE,
+     "--model /nonexistent: no such directory"),
+    (["eval-draft", "{prompts}", "--model", "{tiny}", "--draft", "{draft}/good", "--generate", "max_tokens=4"], USAGE,
+     "--generate/--turns do not apply: eval-draft decodes every prompt greedily"),
+    (["eval-draft", "{prompts}", "--model", "{tiny}", "--draft", "{draft}/good", "--num-speculative-tokens", "0"],
+     USAGE, "argument --num-speculative-tokens: must be at least 1, got 0"),
+    (["eval-draft", "{prompts}", "--model", "{tiny}", "--draft", "{draft}/good", "--json", "/nonexistent/r.json"],
+     USAGE, "--json /nonexistent/r.json: no directory /nonexistent"),
     (["models", "prepare", "--dir", "/proc/x"], USAGE, "--dir /proc/x: /proc is on a virtual filesystem"),
     (["models", "bake"], USAGE, "argument ACTION: invalid choice: 'bake'"),
     (["demo", "--output", "/proc/x"], USAGE, "--output /proc/x: /proc is on a virtual filesystem"),
@@ -160,6 +185,10 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     (root / "dataset" / "index").mkdir(parents=True)
     (root / "rows.csv").write_text("a,b\n")
     hf = write_hf_dataset(text_rows(3), root / "hf")
+    write_draft(root / "draft" / "good")
+    write_draft(root / "draft" / "no-weights", weights=False)
+    write_draft(root / "draft" / "other-verifier", hidden=576, vocab=49152)
+    write_draft(root / "draft" / "aux-past-the-layers", aux=[1, 2, 4])
     with _locked_directory(root / "locked"), socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -168,7 +197,7 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
                "prompts": str(write_jsonl([{"prompt": "hi"}], root / "prompts.jsonl")), "tmp": str(root),
                "config_only": str(root / "config_only"), "empty": str(root / "empty"),
                "dataset": str(root / "dataset"), "locked": str(root / "locked"), "hf": str(hf),
-               "busy": str(busy.getsockname()[1])}
+               "busy": str(busy.getsockname()[1]), "draft": str(root / "draft")}
 
 
 @contextlib.contextmanager

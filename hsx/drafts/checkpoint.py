@@ -1,0 +1,115 @@
+"""An EAGLE-3 draft checkpoint as speculators saves it (``config.json`` with
+``speculators_model_type: eagle3``, weights in ``*.safetensors``), read without
+loading a tensor, and checked against the verifier it is to draft for: the
+mistakes that vLLM would otherwise report minutes later, in a traceback."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+
+from hsx.runtime.errors import UsageError
+
+FC = "fc.weight"
+"""The projection of the verifier's concatenated aux hidden states: ``[hidden, len(aux) x verifier hidden]``."""
+
+
+@dataclass(frozen=True)
+class DraftCheckpoint:
+    """What a draft checkpoint says about the verifier it was built for."""
+
+    path: Path
+    aux_layer_ids: list[int] | None
+    """The verifier layers whose hidden states feed the draft (vLLM's ids: the
+    input of decoder layer L); None where vLLM's default applies."""
+    target_hidden_size: int
+    """The verifier's hidden size the draft expects."""
+    vocab_size: int
+    """The verifier's vocabulary (the draft's embedding)."""
+    draft_vocab_size: int
+    verifier: str | None
+    """The verifier's name or path as the checkpoint records it (informational)."""
+    fc_shape: tuple[int, ...] | None
+
+
+def read_draft(flag: str, value: str | Path) -> DraftCheckpoint:
+    """The checkpoint in directory ``value``; :class:`UsageError` naming ``flag``
+    for a missing directory or files, or a directory that is not an EAGLE-3 draft."""
+    path = Path(value)
+    if not path.is_dir():
+        raise UsageError(f"{flag} {value}: no such directory (an EAGLE-3 checkpoint: config.json and *.safetensors)")
+    config_file = path / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{flag} {value}: no config.json, so not a draft checkpoint") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{flag} {value}: config.json does not read as JSON: {exc}") from None
+    if not isinstance(config, dict) or config.get("speculators_model_type") != "eagle3":
+        kind = config.get("speculators_model_type") if isinstance(config, dict) else None
+        raise UsageError(f"{flag} {value}: not an EAGLE-3 checkpoint (config.json's speculators_model_type is "
+                         f"{kind!r}, expected 'eagle3': a checkpoint `speculators train` or `hsx train-draft` saved)")
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict) or not _count(layer.get("hidden_size")) or not _count(layer.get("vocab_size")):
+        raise UsageError(f"{flag} {value}: config.json has no transformer_layer_config with hidden_size and vocab_size")
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
+        raise UsageError(f"{flag} {value}: no *.safetensors weights beside config.json")
+    aux = config.get("eagle_aux_hidden_state_layer_ids")
+    if aux is not None and not (isinstance(aux, list) and aux and all(_count(i, 0) for i in aux)):
+        raise UsageError(f"{flag} {value}: eagle_aux_hidden_state_layer_ids must be a list of layer ids, got {aux!r}")
+    target = config.get("target_hidden_size")
+    verifier = _nested(config, "speculators_config", "verifier", "name_or_path")
+    return DraftCheckpoint(
+        path=path, aux_layer_ids=aux, target_hidden_size=target if _count(target) else layer["hidden_size"],
+        vocab_size=layer["vocab_size"], draft_vocab_size=config.get("draft_vocab_size") or layer["vocab_size"],
+        verifier=verifier if isinstance(verifier, str) else None, fc_shape=_fc_shape(flag, weights))
+
+
+def check_verifier(flag: str, draft: DraftCheckpoint, verifier: Any) -> None:
+    """:class:`UsageError` unless ``draft`` fits ``verifier`` (a model's text
+    config): its hidden size and vocabulary, aux layer ids within its layers,
+    and the draft's input projection sized for them."""
+    problems = []
+    if draft.target_hidden_size != verifier.hidden_size:
+        problems.append(f"it expects hidden size {draft.target_hidden_size}, the model has {verifier.hidden_size}")
+    if draft.vocab_size != verifier.vocab_size:
+        problems.append(f"its vocabulary is {draft.vocab_size} tokens, the model's {verifier.vocab_size}")
+    layers = verifier.num_hidden_layers
+    if draft.aux_layer_ids is not None and max(draft.aux_layer_ids) >= layers:
+        problems.append(f"its aux layer ids {draft.aux_layer_ids} go past the model's {layers} layers (0..{layers - 1})")
+    aux_count = len(draft.aux_layer_ids) if draft.aux_layer_ids is not None else 3  # vLLM's default: 3 layers
+    if draft.fc_shape is not None and draft.fc_shape[-1] != aux_count * verifier.hidden_size:
+        problems.append(f"its {FC} takes {draft.fc_shape[-1]} inputs, not {aux_count} layers x {verifier.hidden_size}")
+    if problems:
+        built_for = f" (built for {draft.verifier})" if draft.verifier else ""
+        raise UsageError(f"{flag} {draft.path} is not a draft for this model{built_for}: " + "; ".join(problems))
+
+
+def _fc_shape(flag: str, weights: list[Path]) -> tuple[int, ...] | None:
+    """The shape of the draft's input projection, from the safetensors headers."""
+    for file in weights:
+        try:
+            with safe_open(file, "pt") as tensors:
+                if FC in tensors.keys():  # noqa: SIM118 (safe_open has keys(), no __contains__)
+                    return tuple(tensors.get_slice(FC).get_shape())
+        except Exception as exc:  # safetensors raises its own SafetensorError for a damaged file
+            raise UsageError(f"{flag} {file}: not a readable safetensors file: {exc}") from None
+    return None
+
+
+def _nested(config: dict[str, Any], *keys: str) -> object:
+    """``config[k1][k2]...``, or None where any level is missing or not an object."""
+    value: object = config
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def _count(value: object, least: int = 1) -> bool:
+    """``value`` is an integer (not a bool) of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least

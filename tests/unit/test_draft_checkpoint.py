@@ -1,0 +1,77 @@
+"""Draft checkpoints read and checked against a verifier before any engine
+starts (``hsx eval-draft --draft``). The checkpoints are written here in
+speculators' layout: its ``config.json`` fields and a safetensors file holding
+the input projection ``fc.weight``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from hsx.drafts.checkpoint import check_verifier, read_draft
+from hsx.runtime.errors import UsageError
+
+VERIFIER = SimpleNamespace(hidden_size=128, vocab_size=1000, num_hidden_layers=4)
+"""tiny-llama's sizes."""
+
+
+def write_draft(path: Path, hidden: int = 128, vocab: int = 1000, aux: list[int] | None = None,
+                fc_inputs: int | None = None, kind: str = "eagle3", weights: bool = True) -> Path:
+    """A draft checkpoint as speculators saves one (a draft hidden size of 128 and
+    aux layers [1, 2, 3] unless told), for ``hidden`` and ``vocab`` of its verifier."""
+    aux = [1, 2, 3] if aux is None else aux
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({
+        "speculators_model_type": kind, "draft_vocab_size": 64, "eagle_aux_hidden_state_layer_ids": aux,
+        "target_hidden_size": hidden,
+        "transformer_layer_config": {"hidden_size": 128, "vocab_size": vocab, "model_type": "llama"},
+        "speculators_config": {"verifier": {"name_or_path": f"verifier-{hidden}x{vocab}"}}}))
+    if weights:
+        save_file({"fc.weight": np.zeros((128, fc_inputs or len(aux) * hidden), np.float32)},
+                  str(path / "model.safetensors"))
+    return path
+
+
+def test_a_draft_for_the_verifier_passes(tmp_path: Path) -> None:
+    draft = read_draft("--draft", write_draft(tmp_path / "d"))
+    assert (draft.aux_layer_ids, draft.target_hidden_size, draft.vocab_size, draft.fc_shape) == (
+        [1, 2, 3], 128, 1000, (128, 384))
+    check_verifier("--draft", draft, VERIFIER)
+
+
+@pytest.mark.parametrize(("make", "phrase"), [
+    (lambda p: p / "missing", "no such directory"),
+    (lambda p: p.mkdir() or p, "no config.json, so not a draft checkpoint"),
+    (lambda p: write_draft(p, kind="mtp"), "not an EAGLE-3 checkpoint (config.json's speculators_model_type is 'mtp'"),
+    (lambda p: write_draft(p, weights=False), "no *.safetensors weights beside config.json"),
+    (lambda p: write_draft(p, aux=[1, -2]), "eagle_aux_hidden_state_layer_ids must be a list of layer ids"),
+])
+def test_what_is_not_a_draft_is_one_line(tmp_path: Path, make, phrase: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(UsageError) as info:
+        read_draft("--draft", make(tmp_path / "d"))
+    assert phrase in str(info.value) and str(info.value).startswith("--draft ")
+
+
+def test_a_damaged_weights_file_is_one_line(tmp_path: Path) -> None:
+    path = write_draft(tmp_path / "d")
+    (path / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(UsageError, match="not a readable safetensors file"):
+        read_draft("--draft", path)
+
+
+@pytest.mark.parametrize(("kwargs", "phrase"), [
+    ({"hidden": 64}, "it expects hidden size 64, the model has 128"),
+    ({"vocab": 49152}, "its vocabulary is 49152 tokens, the model's 1000"),
+    ({"aux": [1, 2, 4]}, "its aux layer ids [1, 2, 4] go past the model's 4 layers (0..3)"),
+    ({"fc_inputs": 256}, "its fc.weight takes 256 inputs, not 3 layers x 128"),
+])
+def test_a_draft_for_another_verifier_is_refused(tmp_path: Path, kwargs: dict[str, object], phrase: str) -> None:
+    draft = read_draft("--draft", write_draft(tmp_path / "d", **kwargs))  # type: ignore[arg-type]
+    with pytest.raises(UsageError) as info:
+        check_verifier("--draft", draft, VERIFIER)
+    assert phrase in str(info.value) and "is not a draft for this model (built for verifier-" in str(info.value)
