@@ -58,6 +58,8 @@ LOST_AFTER_SECONDS = 120.0
 dead letters of the rest may take before they count as lost."""
 SINK_FLUSH_WHEN_IDLE = "2"
 STAGING = "staging"
+PLAIN_PROGRESS_SECONDS = 10.0
+"""Off a terminal, how often the progress line is printed."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -285,7 +287,11 @@ def _watch_until_accounted(ledger: Ledger, feed: LedgerFeed, extractor: HsxServi
     total = len(ledger.published)
     first_token_at: float | None = None
     extracted_at: float | None = None
-    with tqdm(total=total, unit=" prompts", disable=not progress, file=sys.stderr, mininterval=0.5) as bar:
+    # Off a terminal (a log file, CI) a bar redraws with carriage returns into one
+    # endless line: a plain line every PLAIN_PROGRESS_SECONDS instead.
+    plain = progress and not sys.stderr.isatty()
+    last_line = time.monotonic()
+    with tqdm(total=total, unit=" prompts", disable=not progress or plain, file=sys.stderr, mininterval=0.5) as bar:
         while ledger.accounted < total:
             for service in (extractor, sink):
                 if service.exited() is not None:
@@ -301,6 +307,9 @@ def _watch_until_accounted(ledger: Ledger, feed: LedgerFeed, extractor: HsxServi
             rate = tokens / (now - first_token_at) if first_token_at and now > first_token_at else 0.0
             bar.set_postfix_str(f"{rate:.0f} tokens/s", refresh=False)
             bar.update(0)
+            if plain and now - last_line >= PLAIN_PROGRESS_SECONDS:
+                print(f"hsx run: {bar.n}/{total} prompts, {rate:.0f} tokens/s", file=sys.stderr, flush=True)
+                last_line = now
             if done >= total and extracted_at is None:
                 extracted_at = now
             if extracted_at is not None and now - extracted_at > LOST_AFTER_SECONDS:

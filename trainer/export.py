@@ -57,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loss-mask", choices=["all", "none"], default="all",
                         help="loss mask of samples stored without one (plain text, not chats): all = train on "
                              "every token, none = no token (such rows are dropped); default all")
+    parser.add_argument("--verifier", metavar="PATH_OR_ID",
+                        help="the model the dataset was extracted with, as speculators loads it (a local directory "
+                             "or a hub id), for the printed train command (default: the recorded model name, "
+                             "where that is a directory)")
 
 
 def _open(dataset_path: str | Path, layers: list[int] | None, policy: LossMaskPolicy) -> HsxDataset:
@@ -119,10 +123,17 @@ def export_speculators(dataset_path: str | Path, out: Path, layers: list[int] | 
     return metadata
 
 
-def train_command(out: Path, metadata: ExportMetadata) -> str:
-    """The ``speculators train`` command line for an export (README: Training on hsx data)."""
+VERIFIER_PLACEHOLDER = "VERIFIER"
+
+
+def train_command(out: Path, metadata: ExportMetadata, verifier: str | None = None) -> str:
+    """The ``speculators train`` command line for an export (README: Training on
+    hsx data). The dataset records the model's name (``hsx extract --model-name``,
+    by default its directory's name), which speculators cannot load unless it is
+    a directory: then :data:`VERIFIER_PLACEHOLDER` stands where ``verifier`` goes."""
     dtype = "float32" if metadata.dtype.value == "float32" else "bfloat16"
-    return (f"speculators train --speculator-type eagle3 --verifier-name-or-path {metadata.model} "
+    verifier = verifier or (metadata.model if Path(metadata.model).is_dir() else VERIFIER_PLACEHOLDER)
+    return (f"speculators train --speculator-type eagle3 --verifier-name-or-path {verifier} "
             f"--data-path {out} --target-layer-ids {' '.join(map(str, metadata.aux_layer_ids))} "
             f"--hidden-states-dtype {dtype} --on-missing raise --total-seq-len 8192 --draft-vocab-size 32000")
 
@@ -137,5 +148,9 @@ def run(args: argparse.Namespace) -> int:
         if metadata.dropped_unsupervised else ""
     print(f"exported {metadata.rows} samples to {args.out} (speculators layout, layers "
           f"{','.join(map(str, metadata.layer_ids))}{dropped})")
-    print(f"train with: {train_command(args.out, metadata)}")
+    command = train_command(args.out, metadata, args.verifier)
+    print(f"train with: {command}")
+    if VERIFIER_PLACEHOLDER in command.split():
+        print(f"  ({VERIFIER_PLACEHOLDER}: the directory or hub id of {metadata.model}, the model the dataset was "
+              f"extracted with; --verifier fills it in)")
     return 0

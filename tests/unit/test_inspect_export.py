@@ -62,6 +62,22 @@ def test_export_writes_the_regenerated_conversation(tmp_path: Path) -> None:
     assert row["input_ids"] == list(range(10)) and row["loss_mask"] == [0] * 6 + [1] * 4
 
 
+@pytest.mark.parametrize("verifier", [None, "/models/SmolLM2-135M-Instruct"])
+def test_export_prints_a_train_command_speculators_can_load(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              verifier: str | None) -> None:
+    """The dataset records the model's name ("m" here), which speculators cannot
+    load: the printed command holds --verifier, else a placeholder it explains."""
+    root = _dataset(tmp_path, _generated("gen-1"))
+    assert main(["export", str(tmp_path / "out"), "--dataset", str(root), *(["--verifier", verifier] if verifier
+                                                                              else [])]) == 0
+    out = capsys.readouterr().out
+    command = next(line for line in out.splitlines() if line.startswith("train with: ")).split()
+    loaded = command[command.index("--verifier-name-or-path") + 1]
+    assert loaded == (verifier or "VERIFIER")
+    assert ("VERIFIER: the directory or hub id of m, the model the dataset was extracted with" in out) == (
+        verifier is None)
+
+
 def test_export_refuses_last_token_samples(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     recs, _ = records("last-1", tokens=1)
     manifest = orjson.loads(recs[-1].value)
