@@ -326,7 +326,14 @@ def _check_raw(chunk: memoryview, size: int) -> None:
 
 
 def _decompress(chunk: memoryview, size: int) -> bytes:
+    """The ``size`` bytes of one zstd frame. ``max_output_size`` bounds only a frame
+    that does not record its content size: one that does is decompressed into a
+    buffer of the size it records, whatever that is (2**40 was a MemoryError), so
+    that size is checked against ``size`` first."""
     try:
+        declared = zstandard.frame_content_size(chunk)
+        if declared not in (-1, size):  # -1: not recorded
+            raise CorruptBlock(f"zstd segment declares {declared} bytes, expected {size}")
         out = _decompressor().decompress(chunk, max_output_size=size)
     except zstandard.ZstdError as exc:
         raise CorruptBlock(f"zstd segment does not decompress: {exc}") from exc

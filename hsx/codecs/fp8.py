@@ -19,13 +19,17 @@ scales bit for bit; ``bench/gpu_check.py`` checks that on a GPU.
 range (``|x| / scale >= 2**-6``) the relative error is at most ``2**-4``, half a
 unit in the last place. Below that, E4M3 is subnormal with a fixed step of
 ``2**-9``, so the absolute error is at most ``2**-10 * scale``. Per element, with
-``2**-20`` of slack for the float32 division and product::
+``2**-20`` of slack for the float32 division and product, and ``2**-150`` for a
+product that lands among float32's subnormals (an element under ``2**-126``),
+where float32's half unit is absolute::
 
-    |x' - x| <= max(2**-4 * |x|, 2**-10 * scale[t, l]) * (1 + 2**-20)
+    |x' - x| <= max(2**-4 * |x|, 2**-10 * scale[t, l]) * (1 + 2**-20) + 2**-150
 
-That bound holds for the float32 result of :func:`from_fp8`. Narrowing to bfloat16
-adds bfloat16's own half unit, ``2**-9 * |x'|``, and float16 adds its own. Non-finite
-inputs are rejected, because E4M3FN has no infinities.
+That bound holds for the float32 result of :func:`from_fp8`. Narrowing adds the
+narrower type's own half unit: ``max(2**-8 * |x'|, 2**-134)`` for bfloat16 (8
+significant bits; the absolute term below ``2**-126``, its subnormals),
+``max(2**-11 * |x'|, 2**-25)`` for float16. Non-finite inputs are rejected,
+because E4M3FN has no infinities.
 
 The codes are bit patterns of ``torch.float8_e4m3fn`` (sign, 4 exponent bits with
 bias 7, 3 mantissa bits). The conversion ports c10's ``fp8e4m3fn_from_fp32_value``.
@@ -45,6 +49,8 @@ SUBNORMAL_STEP_BOUND = 2.0**-10
 """Worst absolute error, in units of the scale, of a value that is subnormal after scaling."""
 FLOAT32_SLACK = 2.0**-20
 """Relative slack for the two float32 roundings (division, product) around E4M3's."""
+SUBNORMAL_PRODUCT_SLACK = 2.0**-150
+"""Absolute slack for a product that rounds among float32's subnormals (step ``2**-149``)."""
 MIN_SCALE = 2.0**-126
 """The scales' floor, float32's smallest normal: an all-zero row still divides."""
 
@@ -151,6 +157,8 @@ def from_fp8(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
 
 def error_bound(values: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """The documented per-element bound on ``|x' - x|`` for float32 ``values`` and
-    the float32 result of :func:`from_fp8`."""
+    the float32 result of :func:`from_fp8`, in float64: exact, where float32 would
+    round the bound itself (down, too) for rows among its subnormals."""
+    values, scales = np.asarray(values, dtype=np.float64), np.asarray(scales, dtype=np.float64)
     bound = np.maximum(RELATIVE_BOUND * np.abs(values), SUBNORMAL_STEP_BOUND * scales[..., None])
-    return bound * (1 + FLOAT32_SLACK)
+    return bound * (1 + FLOAT32_SLACK) + SUBNORMAL_PRODUCT_SLACK
