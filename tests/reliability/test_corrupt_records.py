@@ -121,6 +121,9 @@ def _peak_rss(proc: subprocess.Popen[bytes]) -> int:
     while proc.poll() is None:
         with contextlib.suppress(FileNotFoundError, ProcessLookupError):
             status = Path(f"/proc/{proc.pid}/status").read_text()
-            peak = max(peak, int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) * 1024)
+            # An exited process not yet reaped (a zombie) has no memory lines.
+            for line in status.splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]) * 1024)
         time.sleep(0.1)
     return peak
