@@ -28,7 +28,7 @@ TOOLS_STAMP := $(TOOLS_VENV)/.installed
 SPEC_VENV ?= .venv-speculators
 SPEC_STAMP := $(SPEC_VENV)/.installed
 
-.PHONY: install models test test-fast soak demo bench schemas tools speculators clean
+.PHONY: install models test test-fast soak fuzz demo bench schemas tools speculators clean
 
 install: $(STAMP)
 
@@ -68,6 +68,13 @@ test-fast: $(STAMP) $(TOOLS_STAMP) $(SPEC_STAMP)
 soak: $(MODELS_STAMP)
 	HSX_RELIABILITY_PROMPTS=2000 HSX_RELIABILITY_KILLS=10 $(BIN)/python -m pytest tests/reliability
 
+# Coverage-guided fuzzing of every parser of untrusted bytes (tests/fuzz): each target
+# 10 minutes or a million executions under atheris; findings and figures in
+# out/fuzz/ and out/fuzz.json (make test replays the corpora). E.g.
+# FUZZ_ARGS="--seconds 60 --only block_stream".
+fuzz: $(MODELS_STAMP)
+	$(BIN)/python -m tests.fuzz $(FUZZ_ARGS)
+
 tools: $(TOOLS_STAMP)
 
 $(TOOLS_STAMP): Makefile tests/k8s/install_kubectl.py
@@ -80,11 +87,14 @@ $(TOOLS_STAMP): Makefile tests/k8s/install_kubectl.py
 
 speculators: $(SPEC_STAMP)
 
-$(SPEC_STAMP): Makefile
+$(SPEC_STAMP): Makefile pyproject.toml
 	@test -x $(SPEC_VENV)/bin/python || $(PYTHON) -m venv $(SPEC_VENV)
 	$(SPEC_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(SPEC_VENV)/bin/python -m pip install --quiet "torch==2.13.0" speculators==0.9.0
 	$(SPEC_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	@# hsx itself, editable, for `hsx train-draft`: without extras it brings neither vLLM
+	@# nor torch (its dependencies are light), so the torch above stays.
+	$(SPEC_VENV)/bin/python -m pip install --quiet -e .
 	touch $@
 
 # The demo twice: into out/demo, then into a bucket on a local S3 server (SeaweedFS).

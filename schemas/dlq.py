@@ -87,9 +87,12 @@ class DlqHeaders(StrictModel):
 
     @classmethod
     def from_kafka(cls, headers: list[tuple[str, bytes | None]] | None) -> DlqHeaders:
-        """Inverse of :meth:`to_kafka`."""
+        """Inverse of :meth:`to_kafka`; raises ``ValidationError`` naming the bad
+        header. A value that is not UTF-8 is read with its bad bytes replaced
+        (U+FFFD), so it fails the field's own rule or passes as text, never as
+        a ``UnicodeDecodeError`` no caller expects."""
         fields = {}
         for key, value in headers or []:
             if key.startswith(_PREFIX) and value is not None:
-                fields[key[len(_PREFIX):].replace("-", "_")] = value.decode()
+                fields[key[len(_PREFIX):].replace("-", "_")] = value.decode("utf-8", "replace")
         return cls.model_validate(fields, strict=False)

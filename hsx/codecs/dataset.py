@@ -20,6 +20,8 @@ wrong numbers.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from typing_extensions import Buffer
 
@@ -32,6 +34,7 @@ from hsx.codecs.block import (
     frame,
     pack_segment,
     read_frame,
+    read_header,
     unpack_segment,
 )
 from hsx.codecs.fp8 import from_fp8, narrow, to_fp8, widen
@@ -89,7 +92,7 @@ def decode_sample(payload: Buffer, *, shape: Shape, dtype: DType, codec: Dataset
     hold ``shape``."""
     codec = DatasetCodec(codec)
     if codec is DatasetCodec.RAW:
-        expected = int(np.prod(shape)) * dtype.itemsize
+        expected = math.prod(shape) * dtype.itemsize  # exact: numpy's product wraps at 2**63 (to 0 for 2**64)
         if memoryview(payload).nbytes != expected:
             raise CorruptBlock(f"raw sample of {memoryview(payload).nbytes} bytes, shape {tuple(shape)} of "
                                f"{dtype.value} needs {expected}")
@@ -135,16 +138,21 @@ def split_records(payload: Buffer) -> list[memoryview]:
 
 
 def _decode_records(payload: Buffer, shape: Shape, dtype: DType) -> bytes:
-    """Block records back to back, tiling the sample's tokens from 0 in order."""
+    """Block records back to back, tiling the sample's tokens from 0 in order.
+    Each record's header is checked against the sample's shape before the record
+    is decoded: a record declaring more than the sample holds is refused before
+    a buffer is sized from it."""
     parts, tokens = [], 0
     for i, record in enumerate(split_records(payload)):
-        header, raw = decode_block(record)
+        header, _ = read_header(record)
         if header.quantization is not None:
             raise CorruptBlock(f"block record {i} holds {header.quantization} rows, a byteplane-zstd sample their bytes")
-        if header.dtype is not dtype or header.shape[1:] != shape[1:] or header.token_start != tokens:
+        if (header.dtype is not dtype or header.shape[1:] != shape[1:] or header.token_start != tokens
+                or header.token_end > shape[0]):
             raise CorruptBlock(f"block record {i} holds tokens [{header.token_start}, {header.token_end}) of "
-                               f"{header.shape[1:]} {header.dtype.value}, expected tokens from {tokens} of "
-                               f"{shape[1:]} {dtype.value}")
+                               f"{header.shape[1:]} {header.dtype.value}, expected tokens from {tokens} up to "
+                               f"{shape[0]} of {shape[1:]} {dtype.value}")
+        _, raw = decode_block(record)
         parts.append(raw)
         tokens = header.token_end
     if tokens != shape[0]:
