@@ -23,6 +23,7 @@ import numpy as np
 from hsx.codecs.block import CorruptBlock, checksum, read_header
 from hsx.codecs.dataset import decode_sample, encode_fp8_sample, encode_sample
 from hsx.codecs.fp8 import from_fp8, narrow
+from hsx.dataset.safetensors_io import safetensors_dtype
 from hsx.dataset.sample import Sample
 from hsx.runtime.errors import HsxError
 from hsx.schemas import BlockHeader, Codec, HiddenStatesReady
@@ -112,26 +113,78 @@ def stored_tensor(sample: Sample) -> torch.Tensor:
 
 def read_hidden_states(shard: Any, event: HiddenStatesReady) -> torch.Tensor:
     """A sample's ``[T, L, H]`` hidden states of ``event.dtype``, from its open
-    shard (``safe_open``), whatever its codec: the stored tensor itself for raw
-    (memory-mapped), else decoded (bit-exact for the lossless codecs, dequantized
-    for fp8). Raises :class:`CorruptSample` when the stored bytes are damaged."""
+    shard, whatever its codec: the stored tensor itself for raw (memory-mapped
+    from a local shard), else decoded (bit-exact for the lossless codecs,
+    dequantized for fp8). Raises :class:`CorruptSample` when the stored tensor is
+    not what the index entry says or its bytes are damaged."""
     import torch
 
     from hsx.runtime.tensors import TORCH_DTYPES
 
-    tensor = shard.get_tensor(event.tensors.hidden_states)
+    name = event.tensors.hidden_states
     if event.codec is DatasetCodec.RAW:
-        return tensor
-    where = f"shard {event.shard}, sample {event.request_id}"
-    if event.shape is None or tensor.dtype != torch.uint8 or tensor.ndim != 1:
-        raise CorruptSample(f"{where}: a {event.codec.value} sample needs a 1-D uint8 tensor and a shape in its "
-                            f"index entry, found {tensor.dtype} {tuple(tensor.shape)} and shape {event.shape}")
+        check_raw(shard, event)
+        return shard.get_tensor(name)
+    dtype, dims = shard.describe(name)
+    if event.shape is None or dtype != "U8" or len(dims) != 1:
+        raise CorruptSample(f"{_where(event)}: a {event.codec.value} sample needs a 1-D uint8 tensor and a shape in "
+                            f"its index entry, found {dtype} {dims} and shape {event.shape}")
+    shape = sample_shape(event)
     try:
-        raw = decode_sample(tensor.numpy(), shape=event.shape, dtype=event.dtype, codec=event.codec)
+        raw = decode_sample(shard.get_tensor(name).numpy(), shape=shape, dtype=event.dtype, codec=event.codec)
     except CorruptBlock as exc:
-        raise CorruptSample(f"{where}: {event.codec.value} hidden states are corrupt: {exc}") from exc
+        raise CorruptSample(f"{_where(event)}: {event.codec.value} hidden states are corrupt: {exc}") from exc
     # A copy the caller owns and may write to; decode_sample's bytes are immutable.
-    return torch.frombuffer(bytearray(raw), dtype=TORCH_DTYPES[event.dtype]).view(event.shape)
+    return torch.frombuffer(bytearray(raw), dtype=TORCH_DTYPES[event.dtype]).view(shape)
+
+
+def sample_shape(event: HiddenStatesReady) -> tuple[int, int, int]:
+    """A sample's ``[T, L, H]`` as its index entry says it: its rows (every token,
+    or the last), layers and width, which its ``shape`` (absent in entries
+    written before dataset codecs) must repeat; :class:`CorruptSample` if not."""
+    expected = (1 if event.capture == "last" else event.num_tokens, len(event.layer_ids), event.hidden_size)
+    if event.shape is not None and tuple(event.shape) != expected:
+        raise CorruptSample(f"{_where(event)}: its index entry gives shape {list(event.shape)}, but its tokens, "
+                            f"capture, layers and hidden size make {list(expected)}")
+    return expected
+
+
+def check_raw(shard: Any, event: HiddenStatesReady) -> None:
+    """Refuse (:class:`CorruptSample`) a raw sample whose stored hidden states are
+    not the ``[T, L, H]`` tensor of ``event.dtype`` its index entry says, before
+    anything is read or sliced from them."""
+    from hsx.runtime.tensors import TORCH_DTYPES
+
+    _check_stored(shard, event, event.tensors.hidden_states, safetensors_dtype(TORCH_DTYPES[event.dtype]),
+                  sample_shape(event))
+
+
+def read_token_ids(shard: Any, event: HiddenStatesReady) -> torch.Tensor:
+    """A sample's token ids, int64 ``[num_tokens]``; :class:`CorruptSample` if the
+    shard holds anything else under their name."""
+    _check_stored(shard, event, event.tensors.token_ids, "I64", (event.num_tokens,))
+    return shard.get_tensor(event.tensors.token_ids)
+
+
+def read_loss_mask(shard: Any, event: HiddenStatesReady) -> torch.Tensor | None:
+    """A sample's stored loss mask, bool ``[num_tokens]``, or None for a sample
+    stored without one; :class:`CorruptSample` if the shard holds anything else."""
+    name = event.tensors.loss_mask
+    if name is None:
+        return None
+    _check_stored(shard, event, name, "BOOL", (event.num_tokens,))
+    return shard.get_tensor(name)
+
+
+def _check_stored(shard: Any, event: HiddenStatesReady, name: str, dtype: str, shape: tuple[int, ...]) -> None:
+    found = shard.describe(name)
+    if found != (dtype, shape):
+        raise CorruptSample(f"{_where(event)}: {name} is {found[0]} {list(found[1])} in the shard, its index "
+                            f"entry says {dtype} {list(shape)}")
+
+
+def _where(event: HiddenStatesReady) -> str:
+    return f"shard {event.shard}, sample {event.request_id}"
 
 
 def _read_only_view(data: bytes, dtype: torch.dtype) -> torch.Tensor:

@@ -29,9 +29,9 @@ from typing import Any
 
 from confluent_kafka import Consumer
 
-from hsx.dataset.encoding import read_hidden_states
+from hsx.dataset.encoding import read_hidden_states, read_loss_mask, read_token_ids
 from hsx.dataset.safetensors_io import RemoteShard, open_shard, prefetch
-from hsx.dataset.shards import read_indexes
+from hsx.dataset.shards import MissingShard, read_indexes
 from hsx.dataset.storage import Storage, open_storage
 from hsx.runtime.kafka import ConsumerErrors, consumer_config
 from hsx.runtime.kafka.config import SEES_NEW_TOPICS
@@ -77,10 +77,6 @@ class ShardHandles:
         if len(self._open) > self._max_open:
             self._open.popitem(last=False)
         return handle
-
-
-class MissingShard(FileNotFoundError):
-    """A ready event names a shard the dataset does not hold."""
 
 
 class Dataset:
@@ -147,13 +143,12 @@ def tensor_names(event: HiddenStatesReady) -> list[str]:
 
 
 def _sample(shard: Any, event: HiddenStatesReady) -> dict[str, Any]:
-    names = event.tensors
     prefetch(shard, tensor_names(event))  # a remote sample: its tensors in one round of requests
     return {
         "request_id": event.request_id,
-        "token_ids": shard.get_tensor(names.token_ids),
+        "token_ids": read_token_ids(shard, event),
         "hidden_states": read_hidden_states(shard, event),
-        "loss_mask": shard.get_tensor(names.loss_mask) if names.loss_mask else None,
+        "loss_mask": read_loss_mask(shard, event),
         "metadata": event.metadata or {},
     }
 

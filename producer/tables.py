@@ -40,10 +40,10 @@ def read_parquet(path: Path, batch_rows: int = BATCH_ROWS) -> Iterator[Iterator[
         # pre_buffer (pyarrow's default) would read every row group ahead, the
         # whole file; buffered reads stream even a single huge row group.
         parquet = pq.ParquetFile(path, pre_buffer=False, buffer_size=PARQUET_READ_BUFFER)
-    except (pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:  # the last: a column name not UTF-8
         raise UsageError(f"cannot read {path} as Parquet: {exc}") from exc
     try:
-        yield _lines(path.name, _guarded(parquet.iter_batches(batch_size=batch_rows), path, "Parquet"), batch_rows)
+        yield _lines(path.name, parquet.iter_batches(batch_size=batch_rows), batch_rows, path, "Parquet")
     finally:
         parquet.close()
 
@@ -57,7 +57,7 @@ def read_arrow(path: Path, batch_rows: int = BATCH_ROWS) -> Iterator[Iterator[So
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc}") from exc
     try:
-        yield _lines(path.name, _guarded(_ipc_batches(source, path), path, "Arrow"), batch_rows)
+        yield _lines(path.name, _ipc_batches(source, path), batch_rows, path, "Arrow")
     finally:
         source.close()
 
@@ -68,11 +68,11 @@ def _ipc_batches(source: pa.MemoryMappedFile, path: Path) -> Iterator[pa.RecordB
     # format (datasets' .arrow) has none. Try the one, then the other.
     try:
         reader = pa.ipc.open_file(source)
-    except pa.ArrowInvalid:
+    except (pa.ArrowInvalid, OSError):  # OSError: a footer that fails verification
         source.seek(0)
         try:
             return iter(pa.ipc.open_stream(source))
-        except pa.ArrowInvalid as exc:
+        except (pa.ArrowInvalid, OSError) as exc:
             raise UsageError(f"cannot read {path} as Arrow IPC (file or stream format): {exc}") from exc
     return (reader.get_batch(index) for index in range(reader.num_record_batches))
 
@@ -88,8 +88,11 @@ def read_hf_disk(path: Path, split: str | None, batch_rows: int = BATCH_ROWS) ->
                          "package: pip install 'hsx[datasets]'") from exc
     try:
         loaded = datasets.load_from_disk(str(path))  # memory-mapped Arrow, not loaded into memory
-    except (FileNotFoundError, ValueError, pa.ArrowException) as exc:
-        raise UsageError(f"cannot read {path} as a datasets.save_to_disk directory: {exc}") from exc
+    except (OSError, ValueError, pa.ArrowException, KeyError, TypeError, AttributeError) as exc:
+        # datasets reads the folder's JSON files without checking their shape: a damaged
+        # one fails with whatever its parser meets first (a str where it wants a dict...).
+        raise UsageError(f"cannot read {path} as a datasets.save_to_disk directory: "
+                         f"{type(exc).__name__}: {exc}") from exc
     name = path.resolve().name
     if isinstance(loaded, datasets.DatasetDict):
         split = _pick_split(path, list(loaded), split)
@@ -97,7 +100,7 @@ def read_hf_disk(path: Path, split: str | None, batch_rows: int = BATCH_ROWS) ->
     elif split is not None:
         raise UsageError(f"--split {split}: {path} is a single Dataset, not a DatasetDict with splits")
     tables = loaded.with_format("arrow").iter(batch_size=batch_rows)
-    yield _lines(name, _guarded(tables, path, "the dataset"), batch_rows)
+    yield _lines(name, tables, batch_rows, path, "the dataset")
 
 
 def _pick_split(path: Path, splits: list[str], split: str | None) -> str:
@@ -111,19 +114,36 @@ def _pick_split(path: Path, splits: list[str], split: str | None) -> str:
     raise UsageError(f"--split {split}: {path} has no such split (it has: {listed})")
 
 
-def _guarded(batches: Iterable[Any], path: Path, what: str) -> Iterator[Any]:
-    """Batches, with pyarrow's errors while reading (a corrupt page) as one usage error."""
-    try:
-        yield from batches
-    except (pa.ArrowException, OSError) as exc:
-        raise UsageError(f"cannot read {path} as {what}: {exc}") from exc
-
-
-def _lines(source: str, batches: Iterable[pa.RecordBatch | pa.Table], batch_rows: int) -> Iterator[SourceLine]:
+def _lines(source: str, batches: Iterable[pa.RecordBatch | pa.Table], batch_rows: int, path: Path,
+           what: str) -> Iterator[SourceLine]:
     row_no = 0
-    for batch in batches:
-        # A record batch may hold a whole file; convert a slice at a time.
-        for offset in range(0, batch.num_rows, batch_rows):
-            for record in batch.slice(offset, batch_rows).to_pylist():
-                row_no += 1
-                yield record_line(source, row_no, record, drop_nulls=True)
+    for records in _records(batches, batch_rows, path, what):
+        for record in records:
+            row_no += 1
+            yield record_line(source, row_no, record, drop_nulls=True)
+
+
+def _records(batches: Iterable[pa.RecordBatch | pa.Table], batch_rows: int, path: Path,
+             what: str) -> Iterator[list[dict[str, Any]]]:
+    """The rows of ``batches`` as Python dicts, a slice of ``batch_rows`` at a
+    time (a record batch may hold a whole file). What pyarrow cannot read or
+    convert is one usage error: a corrupt page, a damaged batch, a string or
+    column name that is not UTF-8, a struct with duplicate field names, a date
+    beyond Python's, a type without a Python form; so are
+    rows that hold no data at all (no column, or only null-typed ones), whose
+    count no byte of the file backs: a few bytes could declare billions."""
+    try:
+        for batch in batches:
+            # pyarrow trusts a file's offsets: converting a damaged batch to Python
+            # would read past its buffers (a segfault).
+            batch.validate(full=True)
+            if batch.num_rows and not batch.nbytes:
+                raise UsageError(f"cannot read {path} as {what}: a batch of {batch.num_rows} rows without data "
+                                 f"(columns: {', '.join(batch.schema.names) or 'none'}, none holding a byte)")
+            for offset in range(0, batch.num_rows, batch_rows):
+                yield batch.slice(offset, batch_rows).to_pylist()
+    except (pa.ArrowException, OSError, ValueError, OverflowError) as exc:  # the last two: conversions to Python
+        raise UsageError(f"cannot read {path} as {what}: {exc}") from exc
+    except KeyError as exc:  # pyarrow has no Python class for a column's type
+        raise UsageError(f"cannot read {path} as {what}: a column of a type pyarrow cannot convert "
+                         f"(type id {exc})") from exc

@@ -45,8 +45,12 @@ class ShardMetadata(StrictModel):
         """Parse what :meth:`to_safetensors` wrote (``safe_open(...).metadata()``);
         raises ``ValueError`` when a value is not what the contract says."""
         decoded = {name: value if name in _TEXT_FIELDS else orjson.loads(value) for name, value in metadata.items()}
+        try:
+            document = orjson.dumps(decoded)
+        except orjson.JSONEncodeError as exc:  # a TypeError: nested deeper than orjson writes
+            raise ValueError(f"shard metadata: {exc}") from None
         # Validated from JSON so that strict mode still accepts dtype as its string.
-        return cls.model_validate_json(orjson.dumps(decoded))
+        return cls.model_validate_json(document)
 
 
 

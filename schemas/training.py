@@ -4,7 +4,7 @@ trainer saves in its checkpoints and loads back."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -40,13 +40,21 @@ class ExportMetadata(StrictModel):
     """Tokens under ``loss_mask == 1``: the total of ``token_freq.pt``."""
 
 
-class PartitionPosition(StrictModel):
-    """How far a training job got in one partition of ``hidden_states.ready``."""
+KafkaPartition = Annotated[int, Field(ge=0, le=2**31 - 1)]
+"""A partition number as Kafka has them (an int32)."""
+KafkaOffset = Annotated[int, Field(ge=0, le=2**63 - 1)]
+"""An offset as Kafka has them (an int64)."""
 
-    partition: NonNegativeInt
-    next_offset: NonNegativeInt
+
+class PartitionPosition(StrictModel):
+    """How far a training job got in one partition of ``hidden_states.ready``.
+    Numbers are bounded as Kafka's are: a loaded state becomes commits and
+    resume points, which Kafka's client cannot hold beyond them."""
+
+    partition: KafkaPartition
+    next_offset: KafkaOffset
     """Every offset below this one was consumed (the Kafka commit)."""
-    consumed: list[NonNegativeInt] = Field(default_factory=list)
+    consumed: list[KafkaOffset] = Field(default_factory=list)
     """Offsets at or above ``next_offset`` consumed already (a shuffle buffer
     delivers out of order): skipped on resume, so they are not trained twice."""
 

@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hsx.dataset.shards import INDEX, KEYS, partition_stems, stem_offset, stored_token_ids
+from hsx.dataset.shards import INDEX, KEYS, partition_stems, read_index, stem_offset, stored_token_ids
 from hsx.dataset.storage import Storage
-from hsx.schemas import ShardIndex
 from hsx.schemas.keys import KEY_RECORD, decode_keys, encode_keys, request_key, token_key
 
 log = logging.getLogger(__name__)
@@ -150,7 +149,7 @@ def _shard_keys(storage: Storage, stem: str, keyed: bool) -> np.ndarray:
         except ValueError as exc:
             log.warning("rebuilding %s from its index: %s", path, exc)
     # A shard indexed before key files existed (or with a damaged one): once.
-    index = ShardIndex.model_validate_json(storage.read(f"{INDEX}/{stem}.json"))
+    index = read_index(storage, f"{INDEX}/{stem}.json")
     records = np.array([(request_key(e.request_id), token_key(stored_token_ids(storage, e)), index.first_offset)
                         for e in index.events], dtype=KEY_RECORD)
     _write_derived(storage, path, records)

@@ -12,13 +12,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from hsx.runtime.errors import HsxError
-from hsx.schemas import HiddenStatesReady, ShardIndex
+from hsx.schemas import HiddenStatesReady
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.schemas.keys import token_key
 from hsx.sink.assembler import DEFAULT_MAX_SAMPLE_BYTES, Assembler, Staged
 from hsx.sink.keys import KeyIndex, load_keys
 from hsx.dataset.shards import (
-    INDEX, OpenShard, partition_prefix, partition_stems, prefixed_stem, remove_orphans, shard_keys,
+    INDEX, OpenShard, partition_prefix, partition_stems, prefixed_stem, read_index, remove_orphans, shard_keys,
 )
 from hsx.dataset.storage import Storage
 
@@ -138,7 +138,7 @@ class PartitionState:
             return self._indexes[first_offset]
         path = f"{INDEX}/{prefixed_stem(partition_prefix(self.topic, self.partition), first_offset)}.json"
         try:
-            index = ShardIndex.model_validate_json(storage.read(path))
+            index = read_index(storage, path)
         except FileNotFoundError as exc:
             raise DatasetDamaged(f"the dedupe keys name {path}, which is missing: restore it, or delete the "
                                  f"partition's keys/ files so they are rebuilt from the indexes") from exc

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.utils.data
 
+from hsx.dataset.encoding import read_token_ids
 from hsx.dataset.reader import open_dataset
 from hsx.schemas import HiddenStatesReady
 from hsx.schemas.training import LossMaskPolicy
@@ -77,7 +78,7 @@ class HsxDataset(torch.utils.data.Dataset[TrainingSample]):
         """``(input_ids, loss_mask)`` of a row, without its hidden states."""
         event = self._events[row]
         shard = self._shards.get(event.shard)
-        return shard.get_tensor(event.tensors.token_ids), loss_mask(shard, event, self.policy)
+        return read_token_ids(shard, event), loss_mask(shard, event, self.policy)
 
     def row(self, request_id: str) -> int:
         """The row of a request id; ``KeyError`` naming it when absent (or dropped)."""

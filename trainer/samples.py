@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from hsx.dataset.encoding import read_hidden_states
+from hsx.dataset.encoding import check_raw, read_hidden_states, read_loss_mask, read_token_ids
 from hsx.dataset.safetensors_io import prefetch
 from hsx.schemas import HiddenStatesReady
 from hsx.schemas.dataset_codec import DatasetCodec
@@ -98,8 +98,9 @@ class TrainingSample:
 def loss_mask(shard: Any, event: HiddenStatesReady, policy: LossMaskPolicy) -> torch.Tensor:
     """The stored mask (chats: the assistant's tokens), or ``policy``'s for a
     sample stored without one, as int64 ``[T]``."""
-    if event.tensors.loss_mask is not None:
-        return shard.get_tensor(event.tensors.loss_mask).to(torch.int64)
+    stored = read_loss_mask(shard, event)
+    if stored is not None:
+        return stored.to(torch.int64)
     fill = torch.ones if policy == "all" else torch.zeros
     return fill(event.num_tokens, dtype=torch.int64)
 
@@ -128,9 +129,10 @@ def read_sample(shard: Any, event: HiddenStatesReady, layout: LayerLayout, polic
     if indices == list(range(len(layout.stored))):
         hidden = read_hidden_states(shard, event)
     elif event.codec is DatasetCodec.RAW:  # only the chosen layers' rows are copied out of the map
+        check_raw(shard, event)
         view = shard.get_slice(event.tensors.hidden_states)
         hidden = torch.stack([view[:, i] for i in indices], dim=1)
     else:  # an encoded sample decodes whole
         hidden = read_hidden_states(shard, event)[:, indices].contiguous()
-    return TrainingSample(request_id=event.request_id, input_ids=shard.get_tensor(event.tensors.token_ids),
+    return TrainingSample(request_id=event.request_id, input_ids=read_token_ids(shard, event),
                           hidden_states=hidden, loss_mask=loss_mask(shard, event, policy) if mask is None else mask)

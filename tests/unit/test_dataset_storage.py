@@ -16,6 +16,7 @@ from safetensors import safe_open
 from hsx.cli import main
 from hsx.codecs.fp8 import error_bound, scales_for
 from hsx.dataset.encoding import CorruptSample, encode
+from hsx.dataset.safetensors_io import CorruptShard, RemoteShard
 from hsx.dataset.reader import open_dataset
 from hsx.dataset.sample import Sample
 from hsx.dataset.shards import OpenShard, write_shard
@@ -27,6 +28,7 @@ from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.schemas.shard import ShardMetadata
 from hsx.sink.assembler import Assembler
 from hsx.trainer.dataset import HsxDataset
+from hsx.trainer.samples import choose_layers, read_sample
 from tests.unit.test_assembler import feed, records
 
 
@@ -140,6 +142,37 @@ def test_a_corrupt_payload_names_the_shard_and_the_sample(tmp_path: Path, codec:
     assert main(["inspect", str(root), "--sample", "bad"]) == 1
     err = capfd.readouterr().err
     assert f"hsx inspect: shard {shard}, sample bad: " in err and "Traceback" not in err
+
+
+_NAMES = {"hidden_states": "s-00000/hidden_states", "token_ids": "s-00000/token_ids", "loss_mask": "s-00000/loss_mask"}
+
+
+@pytest.mark.parametrize("change, error, problem", [
+    ({"dtype": "bfloat16"}, CorruptSample, r"s-00000/hidden_states is F32 \[\d+, 3, 4\] in the shard, its index entry says BF16"),
+    ({"num_tokens": 99}, CorruptSample, r"sample s-00000: .*\[99"),
+    ({"tensors": {**_NAMES, "token_ids": "s-00000/hidden_states"}}, CorruptSample, "hidden_states is F32 .* says I64"),
+    ({"tensors": {**_NAMES, "loss_mask": "s-00000/nope"}}, CorruptShard, "s-00000/nope"),
+])
+def test_a_sample_whose_tensors_are_not_what_its_index_says_is_refused(
+        tmp_path: Path, change: dict, error: type[Exception], problem: str, capfd: pytest.CaptureFixture[str]) -> None:
+    """Every reader checks a stored tensor's dtype and shape against the index
+    entry before reading or slicing it: the reader, the training dataset (its raw
+    slice path), an object-store shard, and ``hsx inspect`` in one line."""
+    root = tmp_path / "ds"
+    write_training_dataset(root, TrainingDataSpec(samples=1, max_tokens=6, layer_ids=(1, 2, 3), hidden_size=4))
+    (index_path,) = (root / "index").iterdir()
+    index = orjson.loads(index_path.read_bytes())
+    index["events"][0] |= change
+    index_path.write_bytes(orjson.dumps(index))
+    with pytest.raises(error, match=problem):
+        open_dataset(root)["s-00000"]
+    with pytest.raises(error, match=problem):
+        HsxDataset(root, layers=[2, 1])[0]
+    event = open_dataset(root).event("s-00000")
+    with pytest.raises(error, match=problem):
+        read_sample(RemoteShard(LocalStorage(root), event.shard), event, choose_layers([1, 2, 3], [2, 1]), "all")
+    assert main(["inspect", str(root)]) == 1
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_events_written_before_codecs_read_as_raw() -> None:

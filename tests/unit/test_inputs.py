@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.ipc
 import pyarrow.parquet as pq
 import pytest
 
@@ -15,9 +17,10 @@ from hsx.producer.inputs import InputSpec, open_input, read_input
 from hsx.producer.publisher import Mapping, parse_line
 from hsx.producer.sources import SourceLine
 from hsx.producer.tables import read_parquet
+from hsx.runtime.errors import UsageError
 from tests.unit.input_files import (
-    CHAT_MAPPING, TEXT_MAPPING, WRITERS, Rows, chat_rows, text_rows, write_hf_dataset_dict, write_jsonl,
-    write_parquet,
+    CHAT_MAPPING, TEXT_MAPPING, WRITERS, Rows, chat_rows, text_rows, write_hf_dataset, write_hf_dataset_dict,
+    write_jsonl, write_parquet,
 )
 
 SETS = {"texts": (text_rows, TEXT_MAPPING), "chats": (chat_rows, CHAT_MAPPING)}
@@ -137,3 +140,68 @@ def test_reading_the_first_row_of_a_large_parquet_file_allocates_little(row_grou
     with open_input(InputSpec(str(path))) as lines:
         next(lines)
         assert pa.total_allocated_bytes() - before < 8_000_000
+
+
+def _damaged(path: Path, found: bytes, replaced: bytes) -> Path:
+    data = path.read_bytes()
+    assert found in data
+    path.write_bytes(data.replace(found, replaced))
+    return path
+
+
+def test_a_columnar_file_pyarrow_cannot_convert_is_one_usage_error(tmp_path: Path) -> None:
+    """pyarrow trusts a file's offsets: a batch is validated before its rows
+    become Python objects, else an offset past the buffer reads out of bounds (a
+    segfault); what it cannot convert (text or a column name not UTF-8, a struct
+    with duplicate field names, a date beyond Python's) is a usage error, not
+    pyarrow's ValueError or OverflowError."""
+    table = pa.table({"prompt": ["abcd", "h\u00e9llo"]})
+    arrow = tmp_path / "offsets.arrow"
+    with pa.ipc.new_file(arrow, table.schema) as writer:
+        writer.write_table(table)
+    offsets = np.array([0, 4, 10], np.int32).tobytes()
+    _damaged(arrow, offsets, np.array([0, 4, 1 << 25], np.int32).tobytes())
+    parquet = tmp_path / "utf8.parquet"
+    pq.write_table(table, parquet, compression="none")  # uncompressed, no page checksums: the text as it is
+    _damaged(parquet, "h\u00e9llo".encode(), b"h\xff\xfello")
+    named = tmp_path / "name.arrow"
+    with pa.ipc.new_file(named, table.schema) as writer:
+        writer.write_table(table)
+    _damaged(named, b"prompt", b"pr\xa0mpt")  # a column name pyarrow decodes only when asked
+    turns = pa.StructArray.from_arrays([pa.array(["human"]), pa.array(["hi"])], names=["from", "from"])
+    twice = tmp_path / "twice.arrow"  # valid Arrow, but no JSON object holds the struct
+    with pa.ipc.new_file(twice, pa.schema([("conversations", turns.type)])) as writer:
+        writer.write_table(pa.table({"conversations": turns}))
+    dated = tmp_path / "dated.arrow"  # a date32 far beyond Python's datetime.date
+    with pa.ipc.new_file(dated, pa.schema([("when", pa.date32())])) as writer:
+        writer.write_table(pa.table({"when": pa.array([2**31 - 1], pa.date32())}))
+    for path, problem in ((arrow, "offset for slot 2 out of bounds"), (parquet, "Invalid UTF8"),
+                          (named, "can't decode byte 0xa0"), (twice, "duplicate field names"),
+                          (dated, "must have magnitude")):
+        with pytest.raises(UsageError, match=f"cannot read {path} as .*{problem}"):
+            list(read_input(InputSpec(str(path))))
+
+
+@pytest.mark.parametrize("name, content, problem", [
+    ("dataset_info.json", b'"not an object"', "AttributeError"),
+    ("state.json", b"{}", "KeyError: '_data_files'"),
+    ("state.json", b'{"_data_files": [{"filename": 5}]}', "TypeError"),
+])
+def test_a_damaged_datasets_folder_is_one_usage_error(tmp_path: Path, name: str, content: bytes, problem: str) -> None:
+    """datasets reads a folder's JSON files without checking their shape."""
+    folder = write_hf_dataset(text_rows(3), tmp_path / "hf")
+    (folder / name).write_bytes(content)
+    with pytest.raises(UsageError, match=f"cannot read {folder} as a datasets.save_to_disk directory: {problem}"):
+        list(read_input(InputSpec(str(folder))))
+
+
+def test_rows_that_hold_no_data_are_refused_not_read_one_by_one(tmp_path: Path) -> None:
+    """A null-typed column holds any number of rows in no bytes: a file of a few
+    hundred bytes could declare billions of empty rows, each an invalid line."""
+    table = pa.table({"prompt": pa.nulls(2_000_000_000)})
+    path = tmp_path / "empty-rows.arrow"
+    with pa.ipc.new_file(path, table.schema) as writer:
+        writer.write_table(table)
+    assert path.stat().st_size < 1000
+    with pytest.raises(UsageError, match="a batch of 2000000000 rows without data .columns: prompt, none holding"):
+        next(read_input(InputSpec(str(path))))

@@ -1,18 +1,22 @@
 """The streamed shard writer against safetensors' own reader, and the ranged
 reader (:class:`RemoteShard`, here over a local directory's ranged reads)
-against a whole-file read."""
+against a whole-file read; a damaged header is refused by both readers alike,
+before anything is sized from it."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
+import orjson
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load
 
-from hsx.dataset.safetensors_io import CorruptShard, RemoteShard, write_safetensors
+from hsx.dataset.safetensors_io import CorruptShard, RemoteShard, open_shard, write_safetensors
 from hsx.dataset.storage import LocalStorage
+from hsx.runtime.errors import HsxError
 
 
 def _tensors() -> dict[str, torch.Tensor]:
@@ -92,7 +96,7 @@ def test_a_truncated_or_foreign_shard_is_named(tmp_path: Path) -> None:
     path.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{oops")
     with pytest.raises(CorruptShard, match=r"shards/x.safetensors: not a safetensors header"):
         RemoteShard(LocalStorage(tmp_path), "shards/x.safetensors")
-    with pytest.raises(KeyError, match="holds no tensor 'nope'"):
+    with pytest.raises(CorruptShard, match="holds no tensor 'nope'"):
         _write(tmp_path, _tensors(), {})
         RemoteShard(LocalStorage(tmp_path), "shards/x.safetensors").get_tensor("nope")
 
@@ -103,3 +107,60 @@ def test_a_failed_write_leaves_no_object(tmp_path: Path) -> None:
         out.write(b"half")
         raise RuntimeError("disk gone")
     assert storage.list("shards") == [] and not any((tmp_path / "shards").iterdir())
+
+
+def _raw_shard(root: Path, header: bytes, body: bytes = bytes(16)) -> LocalStorage:
+    """A file at shards/x.safetensors: ``header`` as it stands, then ``body``."""
+    storage = LocalStorage(root)
+    (root / "shards").mkdir(exist_ok=True)
+    (root / "shards" / "x.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + body)
+    return storage
+
+
+@pytest.mark.parametrize("entry, problem", [
+    ({"dtype": "F32", "shape": [2**40, 2**40], "data_offsets": [0, 16]}, r"takes \d+ bytes, its offsets \[0, 16\) say 16"),
+    ({"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 8, 16]}, "not a safetensors tensor entry"),
+    ({"dtype": "F32", "shape": [True, 4], "data_offsets": [0, 16]}, "not non-negative 64-bit integers"),
+    ({"dtype": "F32", "shape": [4], "data_offsets": [-16, 0]}, "not non-negative 64-bit integers"),
+    ({"dtype": "C64", "shape": [2], "data_offsets": [0, 16]}, "not a safetensors tensor entry"),
+])
+def test_a_remote_header_is_checked_before_a_tensor_is_sized_from_it(tmp_path: Path, entry: dict, problem: str) -> None:
+    """As safetensors checks a header: a shape the offsets do not hold exactly,
+    or anything but a known dtype, non-negative integers and two offsets."""
+    storage = _raw_shard(tmp_path, orjson.dumps({"t": entry}))
+    with pytest.raises(CorruptShard, match=problem):
+        RemoteShard(storage, "shards/x.safetensors")
+
+
+@pytest.mark.parametrize("header, declared, problem", [
+    (b'"abc"', None, "not a safetensors header .a JSON str"),
+    (b'{"__metadata__": {"k": 1}}', None, "__metadata__ is not a map of strings"),
+    (b"{}", 2**64 - 1, "more than safetensors reads"),
+    (b"{}", 4096, "a header of 4096 bytes declared, 18 present"),
+])
+def test_a_remote_header_that_is_no_header_is_named(tmp_path: Path, header: bytes, declared: int | None,
+                                                     problem: str) -> None:
+    storage = _raw_shard(tmp_path, header)
+    if declared is not None:
+        path = tmp_path / "shards" / "x.safetensors"
+        path.write_bytes(struct.pack("<Q", declared) + path.read_bytes()[8:])
+    with pytest.raises(CorruptShard, match=problem):
+        RemoteShard(storage, "shards/x.safetensors")
+
+
+def test_both_kinds_of_shard_describe_tensors_and_refuse_alike(tmp_path: Path) -> None:
+    """Memory-mapped or ranged, a shard tells a tensor's dtype and shape from its
+    header, and one that is not safetensors, or lacks a tensor asked for, is a
+    CorruptShard naming it (an HsxError: one line from the CLI)."""
+    tensors = _tensors()
+    _write(tmp_path, tensors, {})
+    storage = LocalStorage(tmp_path)
+    for shard in (open_shard(storage, "shards/x.safetensors"), RemoteShard(storage, "shards/x.safetensors")):
+        assert shard.describe("a/hidden_states") == ("BF16", (5, 3, 8))
+        assert shard.describe("c/empty") == ("F16", (0, 4))
+        with pytest.raises(CorruptShard, match="shards/x.safetensors.*nope"):
+            shard.get_tensor("nope")
+    (tmp_path / "shards" / "x.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{oops")
+    with pytest.raises(CorruptShard, match="shards/x.safetensors: not a safetensors file") as refused:
+        open_shard(storage, "shards/x.safetensors")
+    assert isinstance(refused.value, HsxError)

@@ -49,7 +49,8 @@ def test_shard_header_metadata_is_the_contract(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("key, value", [("hidden_size", "0"), ("layer_ids", "[1,"), ("dtype", "int8"),
                                         ("request_ids", '["../x"]'), ("schema_version", "2"),
-                                        ("codec", "lz4")])
+                                        ("codec", "lz4"),
+                                        ("layer_ids", "[" * 300 + "]" * 300)])  # deeper than orjson writes
 def test_bad_shard_metadata_is_refused(key: str, value: str) -> None:
     good = ShardMetadata(model="m", layer_ids=[0], dtype=DType.BFLOAT16, hidden_size=8, request_ids=["a"])
     with pytest.raises(ValueError):

@@ -1,18 +1,24 @@
 """The sink's dedupe index: what a partition already holds is known from compact
 keys, also far back, also in datasets written before key files existed; a shard
-a kill left without its index is removed; damaged key files are rebuilt; the
-blocks topic's partition count is recorded and a changed one refused."""
+a kill left without its index is removed; damaged key files are rebuilt, a
+damaged index is named in one line; the blocks topic's partition count is
+recorded and a changed one refused."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from hsx.dataset.shards import INDEX, KEYS, SHARDS, OpenShard, partition_prefix, shard_stem, write_shard
+from hsx.dataset.reader import open_dataset
+from hsx.dataset.shards import (
+    INDEX, KEYS, SHARDS, CorruptIndex, MissingShard, OpenShard, partition_prefix, shard_stem, write_shard,
+)
 from hsx.dataset.storage import LocalStorage
 from hsx.local.datasets import tiny_sample, write_tiny_dataset
+from hsx.runtime.errors import HsxError
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas.keys import KEY_RECORD, KEYS_MAGIC, decode_keys, encode_keys, request_key, token_key
 from hsx.schemas.shard import TopicRecord
@@ -148,6 +154,30 @@ def test_keys_naming_a_missing_index_are_an_error(tmp_path: Path) -> None:
     (tmp_path / INDEX / f"{shard_stem(TOPIC, 0, 0)}.json").unlink()
     with pytest.raises(DatasetDamaged, match="which is missing"):
         state.stored_copy(storage, "gone", [0])
+
+
+@pytest.mark.parametrize("damage, error, problem", [
+    (lambda root, index: index.write_bytes(index.read_bytes()[:-9]), CorruptIndex, "is not a shard index"),
+    (lambda root, index: index.write_bytes(index.read_bytes().replace(b'"dtype":"float32"', b'"dtype":"int8"')),
+     CorruptIndex, r"events\.0\.dtype"),
+    (lambda root, index: next((root / SHARDS).iterdir()).unlink(), MissingShard, "named by the index of sample a"),
+])
+def test_a_damaged_index_stops_a_restart_in_one_line(tmp_path: Path, damage: Callable[[Path, Path], object],
+                                                     error: type[Exception], problem: str) -> None:
+    """A restart that must read an index (no key file: built from the index and
+    the shard's token ids) names what is damaged, as an HsxError (the sink stops
+    in one line), never a traceback of the parser's; the reader does the same."""
+    storage = LocalStorage(tmp_path)
+    write_tiny_dataset(storage, TOPIC, 0, ["a", "b"])
+    for path in (tmp_path / KEYS).iterdir():
+        path.unlink()
+    damage(tmp_path, tmp_path / INDEX / f"{shard_stem(TOPIC, 0, 0)}.json")
+    with pytest.raises(error, match=problem) as refused:
+        load(storage)
+    assert isinstance(refused.value, HsxError)
+    if error is CorruptIndex:
+        with pytest.raises(CorruptIndex, match=f"{INDEX}/{shard_stem(TOPIC, 0, 0)}.json is not a shard index"):
+            open_dataset(tmp_path)
 
 
 def test_the_key_index_merges_what_was_added() -> None:

@@ -16,7 +16,7 @@ from hsx.cli import main
 from hsx.dataset.reader import open_dataset
 from hsx.local.training_data import TrainingDataSpec, write_training_dataset
 from hsx.schemas.training import OnlineLoaderState
-from hsx.trainer import HsxDataset, PackedCollate, PaddedCollate, choose_layers
+from hsx.trainer import HsxDataset, PackedCollate, PaddedCollate, ReadyStream, choose_layers
 from hsx.trainer.export import token_frequencies
 from hsx.trainer.offsets import Position, Progress
 
@@ -151,3 +151,17 @@ def test_progress_follows_a_worker_that_began_at_a_later_commit() -> None:
     progress.consume([Position(0, 10, 12, 12)])  # a later epoch's worker, resumed at the commit 10
     state = progress.state("t", "g").partitions[0]
     assert (state.next_offset, state.consumed) == (10, [12])
+
+
+@pytest.mark.parametrize("position, problem", [
+    ({"partition": 2**31, "next_offset": 0}, "partitions.0.partition: Input should be less than or equal to 2147483647"),
+    ({"partition": 0, "next_offset": 2**63}, "partitions.0.next_offset: Input should be less than or equal to"),
+    ({"partition": 0, "next_offset": 0, "consumed": [2**63]}, "partitions.0.consumed.0: Input should be less"),
+])
+def test_a_loader_state_beyond_kafkas_numbers_is_refused(tmp_path: Path, position: dict, problem: str) -> None:
+    """A loaded state becomes commits and resume points: a partition or offset
+    Kafka's client cannot hold is refused when loaded, not an OverflowError at
+    the next commit."""
+    stream = ReadyStream("localhost:9", tmp_path, group_id="g", topic="t")
+    with pytest.raises(ValueError, match=f"loader state: {problem}"):
+        stream.load_state_dict({"topic": "t", "group_id": "g", "partitions": [position]})
