@@ -26,6 +26,7 @@ SERVICE_COMMANDS = [
     ("sink", "write hidden-state blocks to a sharded safetensors dataset", "hsx.sink.cli"),
     ("inspect", "summarize a dataset or one of its shards", "hsx.dataset.inspect"),
     ("export", "write a dataset in another trainer's layout (speculators)", "hsx.trainer.export"),
+    ("train-draft", "train speculators' EAGLE-3 draft online from hidden_states.ready", "hsx.trainer.draft"),
     ("eval-draft", "a draft's acceptance on your prompts, in vLLM's speculative decoding", "hsx.drafts.cli"),
     ("run", "the whole pipeline on one machine: your prompts in, a dataset out", "hsx.run"),
     ("demo", "run the whole pipeline on a small bundled prompt mix", "hsx.demo"),

@@ -1,0 +1,664 @@
+"""``hsx train-draft``: train speculators' EAGLE-3 draft online, from
+``hidden_states.ready`` while extraction runs: no export, no second pass.
+
+It runs where speculators (0.9) is installed with hsx beside it (``make
+speculators`` builds such an environment: ``.venv-speculators/bin/hsx``); hsx's
+vLLM environment lacks speculators, and this command then says so in one line.
+
+What is speculators' own, unchanged:
+
+- **The draft**: built by ``speculators.train.cli.build_draft_model`` from a
+  ``TrainConfig`` holding only the values given here, so every other setting
+  (one llama decoder layer, norms, muon optimizer, linear schedule, kl_div loss,
+  3 TTT steps, ...) is the default of ``speculators train --speculator-type
+  eagle3``; ``SAVE/run.yaml`` records the config as speculators does.
+- **The draft vocabulary**: ``--draft-vocab-size N`` builds it with speculators'
+  ``parse_vocab_mappings`` from ``SAVE/token_freq.pt`` (cached as
+  ``SAVE/d2t-N.npy``, ``SAVE/t2d-N.npy``). An online job has no dataset to count
+  beforehand, and the draft's output layer is sized by the vocabulary before its
+  first step, so the counts are taken from the first ``--vocab-samples``
+  samples of the stream (their token ids and masks only, not their hidden
+  states), the same samples it then trains on first. Without
+  ``--draft-vocab-size`` the draft predicts the verifier's full vocabulary,
+  speculators' own default.
+- **The step and the checkpoints**: speculators' ``Trainer`` (forward, loss,
+  clipping, optimizer, schedule, ``SingleGPUCheckpointer``); batches are its
+  ``CollateFn`` with EAGLE-3's ``shift_batch``, the layout ``speculators train``
+  feeds it, built from hsx samples as its ``ArrowDataset`` builds them from an
+  export. ``SAVE/<n>/`` is what ``speculators train`` writes for epoch ``n``
+  (``config.json``, ``model.safetensors``, optimizer and scheduler state,
+  ``training_state.json``), and vLLM loads it with
+  ``speculative_config={"method": "eagle3", "model": "SAVE/<n>", ...}``.
+
+What is hsx's:
+
+- **Epochs** are chunks of ``--checkpoint-every`` steps (a stream has no end and
+  no length; speculators' Trainer counts an epoch over ``len(train_loader)``),
+  each ending with a checkpoint, ``--steps`` in all.
+- **Batches** pack samples in arrival order into ``--total-seq-len`` tokens; a
+  sample that does not fit starts the next batch, so none is cut but one longer
+  than a whole batch (speculators' collate cuts it). A batch goes to the trainer
+  once full, or when the stream goes idle.
+- **Offsets** are committed to the job's group (``--group``) after each
+  checkpoint, for the samples of the steps it holds, and the stream's position
+  is saved with it (``SAVE/<n>/hsx_stream.json``). A restart resumes speculators'
+  checkpoint and its stream position: the samples trained after that checkpoint
+  are trained again, none is skipped (committing before the checkpoint would
+  skip them: the weights that learned them are lost with the process).
+- **SIGTERM or Ctrl-C** drains: the step in progress finishes, a checkpoint is
+  written, the offsets committed, exit 0 (a second signal stops at once).
+  speculators' own handler instead saves ``interrupted/``, which it never resumes.
+
+**Without an accelerator** (CPU), speculators' Trainer is adapted in the three
+places that assume one, and nowhere else: the model and the batches go to
+``"cpu"`` and autocast is the CPU's (:class:`OnlineTrainer`); its step timer's
+``torch.accelerator.synchronize()``, which raises without an accelerator, is
+skipped (CPU work is done when the call returns); its checkpointer reads a
+checkpoint onto the CPU instead of ``cuda:0`` (:func:`_on_cpu`). The defaults
+then take ``sdpa`` attention (flex attention has no CPU backward) and the eager
+loss (the fused one needs Triton). On a GPU nothing is changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import logging
+import math
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.utils.data
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from pydantic import ValidationError
+
+from hsx.dataset.encoding import read_token_ids
+from hsx.dataset.reader import MissingShard, ShardHandles
+from hsx.dataset.storage import is_object_store, open_storage
+from hsx.runtime.checks import integer, model_dir, number, outside, writable_dir
+from hsx.runtime.errors import ServiceFailed, UsageError
+from hsx.runtime.kafka import ConsumerErrors, consumer_config, ensure_topics
+from hsx.runtime.kafka.admin import add_connect_timeout
+from hsx.runtime.logs import redact_secrets
+from hsx.runtime.recent import RecentKeys
+from hsx.runtime.settings import KafkaSettings, TopicSettings, overrides
+from hsx.schemas import HiddenStatesReady, format_validation_error
+from hsx.schemas.training import LossMaskPolicy
+from hsx.trainer.online import ReadyStream
+from hsx.trainer.samples import LayerLayout, TrainingSample, check_trainable, choose_layers, layer_list, loss_mask
+
+log = logging.getLogger(__name__)
+
+STREAM_STATE = "hsx_stream.json"
+"""The stream's position (``ReadyStream.state_dict``) in each checkpoint directory."""
+TOKEN_FREQ = "token_freq.pt"
+"""speculators' name for the token counts its vocabulary mapping is built from."""
+POLL_S = 0.5
+METADATA_TIMEOUT_S = 30.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap", help="bootstrap servers (env HSX_KAFKA_BOOTSTRAP)")
+    add_connect_timeout(parser, None)
+    parser.add_argument("--ready-topic", help="ready events topic (env HSX_TOPIC_READY)")
+    parser.add_argument("--group", required=True,
+                        help="this training job's consumer group: its commits are the job's position")
+    parser.add_argument("--dataset", required=True,
+                        help="the dataset hsx sink writes (its --output: a directory or s3://BUCKET/PREFIX)")
+    parser.add_argument("--model", required=True, type=Path,
+                        help="the verifier: the local model directory given to hsx extract")
+    parser.add_argument("--save-path", required=True, type=Path,
+                        help="checkpoint directory (speculators' layout: SAVE/<n>/ every --checkpoint-every "
+                             "steps); a run with one there resumes from its last checkpoint")
+    parser.add_argument("--steps", required=True, type=integer(1), metavar="N",
+                        help="optimizer steps in all (a resumed run counts the steps before it)")
+    parser.add_argument("--checkpoint-every", type=integer(1), default=500, metavar="N",
+                        help="steps per checkpoint; the offsets are committed after each (default %(default)s)")
+    parser.add_argument("--max-samples", type=integer(1), metavar="M",
+                        help="stop after the step that reaches M samples in this run (default: no limit)")
+    parser.add_argument("--exit-when-idle", type=number(0), metavar="SECS",
+                        help="stop (checkpoint, commit, exit 0) after SECS without a ready event "
+                             "(default: wait for ever, as extraction may resume)")
+    parser.add_argument("--layers", type=layer_list, default=None,
+                        help="aux layer ids in the draft's order (its target_layer_ids), e.g. 2,15,27 "
+                             "(default: every stored layer but the last, ascending)")
+    parser.add_argument("--loss-mask", choices=["all", "none"], default="all",
+                        help="loss mask of samples stored without one (plain text): all = every token, "
+                             "none = no token (such samples are skipped); default all")
+    parser.add_argument("--draft-vocab-size", type=integer(1), metavar="N",
+                        help="the draft's vocabulary: the N tokens most frequent in the first --vocab-samples "
+                             "samples (default: the verifier's full vocabulary)")
+    parser.add_argument("--vocab-samples", type=integer(1), default=1000, metavar="K",
+                        help="samples whose supervised tokens are counted for --draft-vocab-size "
+                             "(default %(default)s; fewer when the stream goes idle first)")
+    parser.add_argument("--total-seq-len", type=integer(2), default=8192, metavar="T",
+                        help="tokens per batch, samples packed (default %(default)s, speculators' default)")
+    parser.add_argument("--hidden-states-dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                        help="batches and autocast (default %(default)s; float32 on CPUs without bf16)")
+    parser.add_argument("--lr", type=number(above=0), default=1e-3, help="learning rate (default %(default)s)")
+    parser.add_argument("--seed", type=integer(0), default=42, help="random seed (default %(default)s)")
+    parser.add_argument("--draft-attn-impl", choices=["simple_flex_attention", "sdpa", "eager"],
+                        help="draft attention (default: simple_flex_attention with an accelerator, "
+                             "sdpa without one: flex attention has no CPU backward)")
+    parser.add_argument("--loss-implementation", choices=["fused", "eager"],
+                        help="loss (default: fused with an accelerator, eager without one: fused needs Triton)")
+    parser.add_argument("--num-workers", type=integer(0), default=2,
+                        help="DataLoader workers reading samples (default %(default)s)")
+    parser.add_argument("--shuffle-buffer", type=integer(0), default=0, metavar="N",
+                        help="samples shuffled within a window of N events (default 0: arrival order)")
+
+
+# --- the first samples: the stream's layout and the draft vocabulary's counts ---------------------
+
+
+@dataclass
+class FirstSamples:
+    """What the first samples of the stream say, read before the draft is built."""
+
+    events: list[HiddenStatesReady] = field(default_factory=list)
+    token_freq: Counter[int] = field(default_factory=Counter)
+    """Tokens under the loss mask, counted as speculators' ``save_token_frequency_distribution`` does."""
+
+
+def first_samples(kafka: KafkaSettings, topic: str, group: str, shards: ShardHandles, count: int,
+                  policy: LossMaskPolicy, idle_timeout: float | None) -> FirstSamples:
+    """The first ``count`` trainable samples from where the job's group stands
+    (the start of the log for a new group), or fewer when ``idle_timeout``
+    passes without a record. Reads each sample's token ids and mask, not its
+    hidden states, and commits nothing: training starts from the same place."""
+    consumer = Consumer(consumer_config(kafka, group))
+    found = FirstSamples()
+    try:
+        try:
+            partitions = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics[topic].partitions
+            committed = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=METADATA_TIMEOUT_S)
+        except KafkaException as exc:
+            raise ServiceFailed(f"Kafka at {kafka.bootstrap}: {exc.args[0]}") from None
+        consumer.assign([TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
+                         for tp in committed])
+        seen = RecentKeys(100_000)
+        errors = ConsumerErrors("train-draft")
+        last_record = time.monotonic()
+        while len(found.events) < count:
+            message = consumer.poll(POLL_S)
+            if message is None:
+                if idle_timeout is not None and time.monotonic() - last_record >= idle_timeout:
+                    break
+                continue
+            if message.error() is not None:
+                errors.check(message.error())  # raises KafkaFatal; transient ones are counted (librdkafka retries)
+                continue
+            last_record = time.monotonic()
+            event = _ready_event(message.value(), topic, message.partition(), message.offset())
+            if not seen.add(event.event_id):
+                continue
+            check_trainable(event)
+            shard = shards.get(event.shard)
+            mask = loss_mask(shard, event, policy).to(torch.bool)
+            if not bool(mask.any()):
+                continue  # the stream skips it too
+            ids, counts = read_token_ids(shard, event)[mask].unique(return_counts=True)
+            found.token_freq.update(dict(zip(ids.tolist(), counts.tolist(), strict=True)))
+            found.events.append(event)
+    finally:
+        consumer.close()
+    return found
+
+
+def _ready_event(value: bytes | None, topic: str, partition: int, offset: int) -> HiddenStatesReady:
+    try:
+        return HiddenStatesReady.model_validate_json(value or b"")
+    except ValidationError as exc:
+        raise ServiceFailed(f"{topic}[{partition}]@{offset}: not a ready event: "
+                            f"{format_validation_error(exc)}") from None
+
+
+# --- batches: the stream packed, in speculators' layout ---------------------------------------
+
+
+class PackedSamples(torch.utils.data.IterableDataset[list[TrainingSample]]):
+    """The stream's samples in groups that fill at most ``total_seq_len`` tokens
+    once shifted (EAGLE-3 trains on ``T - 1`` positions of a ``T``-token sample).
+    A sample that does not fit starts the next group, so none is cut, unless
+    it alone is longer than ``total_seq_len`` (speculators' collate cuts it)."""
+
+    def __init__(self, stream: ReadyStream, total_seq_len: int) -> None:
+        self.stream = stream
+        self.total_seq_len = total_seq_len
+
+    def __iter__(self) -> Iterator[list[TrainingSample]]:
+        group: list[TrainingSample] = []
+        tokens = 0
+        for sample in self.stream:
+            shifted = max(sample.num_tokens - 1, 0)
+            if group and tokens + shifted > self.total_seq_len:
+                yield group
+                group, tokens = [], 0
+            group.append(sample)
+            tokens += shifted
+        if group:
+            yield group
+
+
+class SpeculatorsBatch:
+    """speculators' ``CollateFn`` with ``shift_batch``, over samples given as its
+    ``ArrowDataset`` gives them (aux layers side by side, the last slot as the
+    verifier's last hidden state, ``lengths`` and ``position_ids`` as its
+    ``BaseDataset`` adds them). Adds ``positions`` for the commit. Picklable, for
+    DataLoader workers."""
+
+    def __init__(self, total_seq_len: int, hidden_size: int, num_aux: int, dtype: torch.dtype) -> None:
+        from speculators.models.eagle3.data import shift_batch
+        from speculators.train.data import CollateFn
+
+        self.collate = CollateFn(total_seq_len, hidden_size, num_target_layers=num_aux, dtype=dtype,
+                                 preprocess=shift_batch)
+
+    def __call__(self, samples: list[TrainingSample]) -> dict[str, Any]:
+        rows = [{"hidden_states": s.hidden_states[:, :-1].flatten(1), "input_ids": s.input_ids,
+                 "verifier_last_hidden_states": s.hidden_states[:, -1], "loss_mask": s.loss_mask,
+                 "lengths": torch.tensor([s.num_tokens], dtype=torch.long),
+                 "position_ids": torch.arange(s.num_tokens, dtype=torch.long)} for s in samples]
+        return {**self.collate(rows), "positions": [s.position for s in samples]}
+
+
+class _Stop(Exception):
+    """A drain signal arrived while the trainer waited for a batch."""
+
+
+class StreamEpochs:
+    """The stream as speculators' Trainer takes a ``train_loader``: each
+    ``iter()`` is one epoch of at most ``len()`` batches, all drawn from one
+    DataLoader iterator, so the stream goes on across epochs. Takes each batch's
+    ``positions`` out (the model is called with the batch's keys) and keeps
+    them until :meth:`trained` says the step is done."""
+
+    batch_sampler = None  # the Trainer looks for epoch and resume hooks on it; a stream has neither
+
+    def __init__(self, loader: torch.utils.data.DataLoader[Any], steps_per_epoch: int,
+                 max_samples: int | None) -> None:
+        self.loader = loader
+        self.steps_per_epoch = steps_per_epoch
+        self.max_samples = max_samples
+        self.handed_out = 0
+        """Samples in the batches handed to the trainer (the one in its step included)."""
+        self.ended: str | None = None
+        """Why no batch comes any more: the stream went idle, ``max_samples`` were
+        trained on, or a drain was asked for."""
+        self.training_seconds = 0.0
+        """From handing out the first batch to the end of the last step: the steps
+        and the waits for batches between them, not the start or an idle end."""
+        self._stop_asked = False
+        self._batches: Iterator[dict[str, Any]] | None = None
+        self._first_batch_at: float | None = None
+        self._in_step: list[Any] = []
+        self._consumed: list[Any] = []
+        self._fetching = False
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for _ in range(self.steps_per_epoch):
+            if self._stop_asked:
+                self.ended = "stopped on request"
+            elif self.max_samples is not None and self.handed_out >= self.max_samples:
+                self.ended = "--max-samples reached"
+            if self.ended:
+                return
+            try:
+                self._fetching = True
+                if self._batches is None:
+                    self._batches = iter(self.loader)
+                batch = next(self._batches)
+            except StopIteration:
+                self.ended = "the stream went idle (--exit-when-idle)"
+                return
+            except _Stop:
+                self.ended = "stopped on request"
+                return
+            finally:
+                self._fetching = False
+            self._in_step = batch.pop("positions")
+            self.handed_out += len(self._in_step)
+            if self._first_batch_at is None:
+                self._first_batch_at = time.monotonic()
+            yield batch
+
+    def trained(self) -> None:
+        """The step on the last batch handed out is done (speculators' step callback)."""
+        self._consumed += self._in_step
+        self._in_step = []
+        assert self._first_batch_at is not None  # a step had a batch
+        self.training_seconds = time.monotonic() - self._first_batch_at
+
+    def take_consumed(self) -> list[Any]:
+        """The positions of every sample trained on since the last call."""
+        consumed, self._consumed = self._consumed, []
+        return consumed
+
+    def ask_stop(self, _signum: int, _frame: FrameType | None) -> None:
+        """Signal handler: finish the step in progress, then end; a wait for the
+        next batch is cut short. A second signal acts as if hsx had none."""
+        self._stop_asked = True
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if self._fetching:
+            raise _Stop
+
+
+# --- speculators' Trainer, online ------------------------------------------------------------
+
+
+def _trainer_class() -> type:
+    from speculators.train.trainer import Trainer
+
+    class OnlineTrainer(Trainer):  # type: ignore[misc,valid-type]
+        """speculators' Trainer over :class:`StreamEpochs`: every epoch ends in a
+        checkpoint and a commit of the samples it holds; on CPU, model and
+        batches go to ``"cpu"`` (speculators' ``Trainer`` sends them to the
+        local rank, an accelerator's index, and autocasts for ``"cuda"``)."""
+
+        def __init__(self, model: Any, config: Any, epochs: StreamEpochs, stream: ReadyStream) -> None:
+            self.epochs = epochs
+            self.stream = stream
+            self.saved: Path | None = None
+            """The last checkpoint this run wrote."""
+            super().__init__(model, config, epochs, None)
+
+        def setup_trainer(self) -> None:
+            if not torch.accelerator.is_available():
+                self.local_rank = "cpu"
+                self.device_type = "cpu"
+            super().setup_trainer()
+
+        def run_training(self) -> None:
+            """speculators' epoch loop without validation (a stream holds none
+            back), ending early when the stream does."""
+            for epoch in range(self.current_epoch, self.config.num_epochs):
+                steps_before = self.global_step
+                self.train_epoch(epoch, step_callback=self.epochs.trained)
+                if self.global_step > steps_before:
+                    self.maybe_save_checkpoint(epoch)
+                    self.saved = self.checkpointer.path / str(epoch)
+                    self._commit(self.saved)
+                if self.epochs.ended or self.global_step >= self.config.max_steps:
+                    break
+
+        def _commit(self, checkpoint: Path) -> None:
+            """The stream's position goes into the checkpoint, then to Kafka:
+            a restart finds it in either, never a commit ahead of the weights."""
+            self.stream.mark({"positions": self.epochs.take_consumed()})
+            state = checkpoint / STREAM_STATE
+            tmp = state.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.stream.state_dict()))
+            tmp.replace(state)
+            self.stream.commit()
+
+    return OnlineTrainer
+
+
+@contextlib.contextmanager
+def _on_cpu() -> Iterator[None]:
+    """speculators' trainer module without an accelerator: its step timer skips
+    ``torch.accelerator.synchronize()`` (it raises without one; CPU work is
+    finished when the call returns) and its checkpointer loads onto the CPU
+    (``get_current_device()`` says ``cuda:0`` without one)."""
+    from speculators.train import checkpointer, trainer
+
+    class CpuStepTimer(trainer._StepTimer):  # type: ignore[name-defined,misc]
+        def mark(self, name: str) -> None:
+            if self.enabled:
+                self._marks[name] = time.perf_counter()
+
+        def now(self) -> float | None:
+            return time.perf_counter() if self.enabled else None
+
+    saved = trainer._StepTimer, checkpointer.get_current_device
+    trainer._StepTimer, checkpointer.get_current_device = CpuStepTimer, lambda: "cpu"
+    try:
+        yield
+    finally:
+        trainer._StepTimer, checkpointer.get_current_device = saved
+
+
+class _StepLog(logging.Handler):
+    """speculators' per-step metrics (the ``speculators.metrics`` logger) as one
+    hsx log line per step, with ``step``, ``loss`` and ``samples`` fields in JSON
+    logs; keeps the losses for the summary."""
+
+    def __init__(self, epochs: StreamEpochs) -> None:
+        super().__init__()
+        self.epochs = epochs
+        self.losses: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.msg
+        if not isinstance(message, dict) or "train" not in message:
+            return  # speculators' run config and validation metrics
+        metrics = message["train"]
+        loss = float(metrics["loss"])
+        self.losses.append(loss)
+        step = int(message["global_step"]) + 1
+        accuracy = {k: round(float(v), 4) for k, v in metrics.items() if k.startswith("full_acc")}
+        log.info("step %d: loss %.4f, first-token accuracy %.3f, %d samples so far", step, loss,
+                 accuracy.get("full_acc_0", math.nan), self.epochs.handed_out,
+                 extra={"step": step, "loss": loss, "samples": self.epochs.handed_out, "lr": message.get("lr"),
+                        **accuracy})
+
+
+# --- the command -------------------------------------------------------------------------------
+
+
+def _check_local(args: argparse.Namespace) -> dict[str, Any]:
+    """Every check that needs neither Kafka nor speculators' model code, in one
+    line each; returns the verifier's (text) config."""
+    model_dir("--model", args.model)
+    config = json.loads((args.model / "config.json").read_text())
+    config = config.get("text_config", config)
+    if not is_object_store(args.dataset):
+        dataset = Path(args.dataset)
+        if not dataset.is_dir():
+            raise UsageError(f"--dataset {args.dataset}: no such directory (the sink's --output)")
+        outside("--save-path", args.save_path, "--dataset", dataset)
+    writable_dir("--save-path", args.save_path)
+    vocab = int(config["vocab_size"])
+    if args.draft_vocab_size is not None and args.draft_vocab_size > vocab:
+        raise UsageError(f"--draft-vocab-size {args.draft_vocab_size}: more than the verifier's vocabulary ({vocab})")
+    layers = int(config["num_hidden_layers"])
+    if args.layers is not None and max(args.layers) >= layers:
+        raise UsageError(f"--layers {','.join(map(str, args.layers))}: the verifier has {layers} layers, so aux "
+                         f"layer ids are 0..{layers - 1}")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UsageError("runs as one process (one GPU or the CPU); torchrun is not supported yet")
+    if importlib.util.find_spec("speculators") is None:
+        raise UsageError("needs speculators beside hsx (speculators==0.9.0, with hsx installed in its "
+                         "environment: `make speculators`, then .venv-speculators/bin/hsx train-draft)")
+    return config
+
+
+def _layout(first: HiddenStatesReady, args: argparse.Namespace, config: dict[str, Any]) -> LayerLayout:
+    """The aux layers to train on, checked against the verifier: speculators
+    takes the last slot as the verifier's last layer before its final norm,
+    which is hsx's layer id ``num_hidden_layers``."""
+    try:
+        layout = choose_layers(first.layer_ids, args.layers)
+    except ValueError as exc:
+        raise UsageError(f"the stream's samples: {exc}") from None
+    if layout.verifier != int(config["num_hidden_layers"]):
+        raise UsageError(f"the stream's samples store layers {first.layer_ids}, the highest {layout.verifier}; the "
+                         f"draft needs the verifier's last layer ({config['num_hidden_layers']}): extract with it")
+    if first.hidden_size != int(config["hidden_size"]):
+        raise UsageError(f"the stream's samples are {first.hidden_size} wide, --model {args.model} is "
+                         f"{config['hidden_size']}: not the verifier they were extracted from")
+    if Path(first.model).resolve() != args.model.resolve() and first.model != args.model.name:
+        log.warning("the stream's samples name model %s; training for --model %s", first.model, args.model)
+    return layout
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The checkpoint a run resumes: the last epoch directory in ``--save-path``,
+    as speculators' checkpointer picks it."""
+
+    epoch: int
+    global_step: int
+    config: dict[str, Any]
+    stream: dict[str, Any] | None
+    """Its ``hsx_stream.json`` (absent in a checkpoint of ``speculators train``)."""
+
+
+def last_checkpoint(save_path: Path) -> Resumed | None:
+    epochs = [int(p.name) for p in save_path.glob("*") if p.name.isdigit() and p.is_dir() and not p.is_symlink()]
+    if not epochs:
+        return None
+    last = save_path / str(max(epochs))
+    stream = json.loads((last / STREAM_STATE).read_text()) if (last / STREAM_STATE).exists() else None
+    return Resumed(max(epochs), int(json.loads((last / "training_state.json").read_text())["global_step"]),
+                   json.loads((last / "config.json").read_text()), stream)
+
+
+def _check_resumed(save_path: Path, resumed: Resumed, topic: str, group: str, draft_vocab_size: int) -> None:
+    """A run resuming a checkpoint reads the stream it was trained from and
+    builds a draft of the same vocabulary."""
+    if resumed.stream is not None and (resumed.stream["topic"], resumed.stream["group_id"]) != (topic, group):
+        raise UsageError(f"--save-path {save_path}: its checkpoints were trained from {resumed.stream['topic']} as "
+                         f"group {resumed.stream['group_id']}; give that --ready-topic and --group, or a new "
+                         "--save-path")
+    if resumed.config["draft_vocab_size"] != draft_vocab_size:
+        raise UsageError(f"--save-path {save_path}: its checkpoints have a draft vocabulary of "
+                         f"{resumed.config['draft_vocab_size']} tokens, this run {draft_vocab_size}; give the same "
+                         "--draft-vocab-size or a new --save-path")
+
+
+def _check_resumed_layers(save_path: Path, resumed: Resumed, layout: LayerLayout) -> None:
+    """... and feeds it the same aux layers."""
+    aux = resumed.config["eagle_aux_hidden_state_layer_ids"]
+    if aux != list(layout.aux):
+        raise UsageError(f"--save-path {save_path}: its checkpoints feed aux layers {aux}, this run "
+                         f"{list(layout.aux)}; give --layers {','.join(map(str, aux))} or a new --save-path")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = _check_local(args)
+    kafka = KafkaSettings(**overrides(bootstrap=args.bootstrap))
+    redact_secrets(kafka.secret_values())
+    topics = TopicSettings(**overrides(ready=args.ready_topic))
+    ensure_topics(kafka, topics, [topics.ready], timeout=args.connect_timeout)  # a job may start before the sink
+    save: Path = args.save_path
+    save.mkdir(parents=True, exist_ok=True)
+    resumed = last_checkpoint(save)
+    if resumed is not None:
+        _check_resumed(save, resumed, topics.ready, args.group, args.draft_vocab_size or int(config["vocab_size"]))
+    count_vocab = args.draft_vocab_size is not None and not (save / TOKEN_FREQ).exists()
+    shards = ShardHandles(open_storage(args.dataset))
+    wanted = args.vocab_samples if count_vocab else 1
+    log.info("waiting for the first %d sample(s) of %s (%s)", wanted, topics.ready,
+             "layout and draft vocabulary" if count_vocab else "layout")
+    try:
+        first = first_samples(kafka, topics.ready, args.group, shards, wanted, args.loss_mask, args.exit_when_idle)
+    except (MissingShard, ValueError) as exc:  # a shard not in --dataset, a sample no trainer can use
+        raise ServiceFailed(str(exc)) from exc
+    if not first.events:
+        print(f"train-draft: no sample arrived in {args.exit_when_idle:g}s (--exit-when-idle); nothing trained")
+        return 0
+    layout = _layout(first.events[0], args, config)
+    if resumed is not None:
+        _check_resumed_layers(save, resumed, layout)
+    if count_vocab:
+        torch.save(dict(first.token_freq), save / TOKEN_FREQ)
+        log.info("draft vocabulary: %d distinct tokens in %d samples", len(first.token_freq), len(first.events))
+    return _train(args, layout, int(config["hidden_size"]), kafka, topics.ready, resumed)
+
+
+def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafka: KafkaSettings, topic: str,
+           resumed: Resumed | None) -> int:
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.train.cli import build_draft_model, parse_vocab_mappings, set_seed
+    from speculators.train.config import TrainConfig
+    from speculators.train.trainer import TrainerConfig
+
+    accelerated = torch.accelerator.is_available()
+    save = str(args.save_path)
+    # speculators resumes at the epoch after the last checkpoint, which may have ended early (the
+    # stream went idle): the epochs left are counted from the steps left.
+    done_epochs, done_steps = (resumed.epoch + 1, resumed.global_step) if resumed else (0, 0)
+    epochs = done_epochs + max(0, math.ceil((args.steps - done_steps) / args.checkpoint_every))
+    cfg = TrainConfig.from_flat({
+        "speculator_type": "eagle3", "seed": args.seed, "verifier_name_or_path": str(args.model.resolve()),
+        "target_layer_ids": list(layout.aux), "draft_vocab_size": args.draft_vocab_size,
+        # speculators keeps token_freq.pt and its cached d2t/t2d mapping in data_path
+        "data_path": save, "save_path": save, "total_seq_len": args.total_seq_len,
+        "hidden_states_dtype": args.hidden_states_dtype, "lr": args.lr, "num_workers": args.num_workers,
+        "draft_attn_impl": args.draft_attn_impl or ("simple_flex_attention" if accelerated else "sdpa"),
+        "loss_implementation": args.loss_implementation or ("fused" if accelerated else "eager"),
+        "epochs": epochs, "checkpoint_freq": 1, "max_steps": args.steps})
+    spec = argparse.Namespace(**cfg.flatten())
+    set_seed(spec.seed)
+    cfg.save(save)
+    d2t, t2d, draft_vocab_size = parse_vocab_mappings(spec)
+    model = build_draft_model(spec, Eagle3DraftModel, t2d, d2t, draft_vocab_size)
+    train_kwargs, val_kwargs = Eagle3DraftModel.get_trainer_kwargs(**vars(spec))
+    dtype = getattr(torch, spec.hidden_states_dtype)
+    # As speculators' own main() builds it, from the same resolved config.
+    trainer_config = TrainerConfig(
+        num_epochs=spec.epochs, save_path=spec.save_path, lr=spec.lr,
+        resume_from_checkpoint=not spec.no_resume_from_checkpoint,
+        train_call_kwargs=train_kwargs, val_call_kwargs=val_kwargs, optimizer=spec.optimizer,
+        weight_decay=spec.weight_decay, muon_lr=spec.muon_lr, muon_momentum=spec.muon_momentum,
+        muon_weight_decay=spec.muon_weight_decay, muon_ns_steps=spec.muon_ns_steps,
+        muon_adjust_lr_fn=spec.muon_adjust_lr_fn, scheduler_type=spec.scheduler_type,
+        scheduler_warmup_steps=spec.scheduler_warmup_steps, scheduler_warmup_ratio=spec.scheduler_warmup_ratio,
+        scheduler_total_steps=spec.scheduler_total_steps,
+        scheduler_num_cosine_cycles=spec.scheduler_num_cosine_cycles, checkpoint_freq=spec.checkpoint_freq,
+        save_best=spec.save_best, hidden_states_dtype=dtype, log_freq=spec.log_freq, fsdp_shard=spec.fsdp_shard,
+        gradient_checkpointing=spec.gradient_checkpointing, max_steps=spec.max_steps)
+
+    stream = ReadyStream(kafka.bootstrap, args.dataset, args.group, topic=topic, layers=list(layout.aux),
+                         loss_mask=args.loss_mask, shuffle_buffer=args.shuffle_buffer, seed=args.seed,
+                         idle_timeout=args.exit_when_idle, kafka=kafka)
+    loader = torch.utils.data.DataLoader(
+        PackedSamples(stream, args.total_seq_len), batch_size=None, num_workers=args.num_workers,
+        collate_fn=SpeculatorsBatch(args.total_seq_len, hidden_size, len(layout.aux), dtype),
+        pin_memory=accelerated,  # as speculators' own loader, for the copy to the accelerator
+        # the object-store client does not survive fork() (hsx.trainer.online)
+        multiprocessing_context="forkserver" if args.num_workers and is_object_store(args.dataset) else None)
+    epochs_view = StreamEpochs(loader, args.checkpoint_every, args.max_samples)
+    steps_log = _StepLog(epochs_view)
+    metrics = logging.getLogger("speculators.metrics")
+    metrics.addHandler(steps_log)
+    metrics.propagate = False  # its dicts become _StepLog's lines, not dict reprs in the log
+    with contextlib.nullcontext() if accelerated else _on_cpu():
+        trainer = _trainer_class()(model, trainer_config, epochs_view, stream)
+        if resumed is not None and resumed.stream is not None:
+            stream.load_state_dict(resumed.stream)
+        before = trainer.global_step
+        handlers = {sig: signal.signal(sig, epochs_view.ask_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            trainer.run_training()
+        except (MissingShard, ValueError, ConnectionError) as exc:  # the stream's, through a DataLoader worker too
+            raise ServiceFailed(str(exc).strip().splitlines()[-1]) from exc
+        finally:
+            stream.close()
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+    steps = trainer.global_step - before
+    why = epochs_view.ended or "--steps reached"
+    if not steps:
+        print(f"train-draft: nothing trained ({why}; {before} steps before this run)")
+        return 0
+    seconds = epochs_view.training_seconds
+    print(f"train-draft: {steps} steps on {epochs_view.handed_out} samples in {seconds:.1f}s "
+          f"({seconds / steps:.2f} s/step), loss {steps_log.losses[0]:.4f} -> {steps_log.losses[-1]:.4f}; "
+          f"{why}; step {trainer.global_step}, checkpoint {trainer.saved}")
+    return 0
