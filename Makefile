@@ -26,6 +26,7 @@ TOOLS_STAMP := $(TOOLS_VENV)/.installed
 # (no CUDA wheels to fetch); torchvision/torchaudio do not load beside it and are
 # removed, as in .venv (speculators' data and trainer code never import them).
 SPEC_VENV ?= .venv-speculators
+SPEC_BASE_STAMP := $(SPEC_VENV)/.speculators-installed
 SPEC_STAMP := $(SPEC_VENV)/.installed
 
 .PHONY: install models test test-fast soak fuzz demo bench schemas tools speculators clean
@@ -87,13 +88,17 @@ $(TOOLS_STAMP): Makefile tests/k8s/install_kubectl.py
 
 speculators: $(SPEC_STAMP)
 
-$(SPEC_STAMP): Makefile pyproject.toml
+$(SPEC_BASE_STAMP): Makefile
 	@test -x $(SPEC_VENV)/bin/python || $(PYTHON) -m venv $(SPEC_VENV)
 	$(SPEC_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(SPEC_VENV)/bin/python -m pip install --quiet "torch==2.13.0" speculators==0.9.0
 	$(SPEC_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-	@# hsx itself, editable, for `hsx train-draft`: without extras it brings neither vLLM
-	@# nor torch (its dependencies are light), so the torch above stays.
+	touch $@
+
+# hsx itself, editable, for `hsx train-draft`: without extras it brings neither vLLM
+# nor torch (its dependencies are light), so the torch above stays. After .venv's own
+# editable install: two builds of the same source tree at once are not safe.
+$(SPEC_STAMP): $(SPEC_BASE_STAMP) $(STAMP) pyproject.toml
 	$(SPEC_VENV)/bin/python -m pip install --quiet -e .
 	touch $@
 
