@@ -1,0 +1,50 @@
+"""``hsx eval-draft`` from a plain shell, on a real engine: the tiny verifier with
+an untrained EAGLE-3 draft (speculators' own dry-run checkpoint). The report's
+counts come from vLLM's counters and must agree with each other; greedy outputs
+must not change with the draft."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hsx import models
+from tests.integration.test_speculators import SPECULATORS_PY
+from tests.unit.input_files import write_jsonl
+
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
+K = 3
+
+
+def test_eval_draft_reports_consistent_counts_and_identical_outputs(tmp_path: Path) -> None:
+    tiny = models.prepare(names=["tiny-llama"])["tiny-llama"]
+    draft = tmp_path / "draft"
+    made = subprocess.run([str(SPECULATORS_PY.with_name("speculators")), "train", "--speculator-type", "eagle3",
+                           "--verifier-name-or-path", str(tiny), "--target-layer-ids", "1", "2", "3", "--dry-run",
+                           "--save-path", str(draft), "--data-path", str(tmp_path / "unused")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+    assert made.returncode == 0, made.stderr[-3000:]
+    prompts = write_jsonl([{"request_id": "text", "prompt": "The capital of France is"},
+                           {"request_id": "chat", "messages": [{"role": "user", "content": "Tell me a story."}]},
+                           {"request_id": "ids", "token_ids": [5, 17, 300, 41]}], tmp_path / "prompts.jsonl")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "HSX_")) or k == models.CACHE_DIR_ENV}
+    report_file = tmp_path / "report.json"
+    run = subprocess.run([str(Path(sys.executable).with_name("hsx")), "eval-draft", str(prompts), "--model", str(tiny), "--draft", str(draft), "--max-tokens", "12",
+                          "--num-speculative-tokens", str(K), "--enforce-eager", "--json", str(report_file)],
+                         env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(report_file.read_text())
+    assert report["prompts"] == 3 and report["invalid_rows"] == 0
+    assert report["outputs_identical"] and report["differing_prompts"] == []
+    assert report["generated_tokens_with_draft"] == report["generated_tokens_without_draft"] > 0
+    assert report["drafts"] > 0 and report["draft_tokens"] == K * report["drafts"]
+    assert 0 <= report["accepted_tokens"] <= report["draft_tokens"]
+    rates = report["per_position"]
+    assert len(rates) == K and all(a >= b for a, b in zip(rates, rates[1:])) and all(0 <= r <= 1 for r in rates)
+    assert sum(rates) * report["drafts"] == pytest.approx(report["accepted_tokens"])
+    assert "mean acceptance length" in run.stdout
