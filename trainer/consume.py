@@ -82,7 +82,9 @@ def _starts(consumer: Consumer, opts: ConsumeOptions, mine: list[int],
     return starts
 
 
-def _event(message: Message) -> HiddenStatesReady:
+def ready_event(message: Message) -> HiddenStatesReady:
+    """The ``hidden_states.ready`` event a record holds; ``ValueError`` naming
+    the record and the rule it breaks."""
     try:
         return HiddenStatesReady.model_validate_json(message.value() or b"")
     except ValidationError as exc:
@@ -154,7 +156,7 @@ def _loop(consumer: Consumer, opts: ConsumeOptions, shards: ShardHandles, starts
         if offset in skip[p]:  # consumed before the restart
             skip[p].discard(offset)
             continue
-        event = _event(message)
+        event = ready_event(message)
         if not seen.add(event.event_id):  # the sink re-announced a sample (a replay): train on it once
             continue
         check_trainable(event)

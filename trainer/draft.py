@@ -80,7 +80,6 @@ from typing import Any
 import torch
 import torch.utils.data
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
-from pydantic import ValidationError
 
 from hsx.dataset.encoding import read_token_ids
 from hsx.dataset.reader import MissingShard, ShardHandles
@@ -92,8 +91,9 @@ from hsx.runtime.kafka.admin import add_connect_timeout
 from hsx.runtime.logs import redact_secrets
 from hsx.runtime.recent import RecentKeys
 from hsx.runtime.settings import KafkaSettings, TopicSettings, overrides
-from hsx.schemas import HiddenStatesReady, format_validation_error
+from hsx.schemas import HiddenStatesReady
 from hsx.schemas.training import LossMaskPolicy
+from hsx.trainer.consume import ready_event
 from hsx.trainer.online import ReadyStream
 from hsx.trainer.samples import LayerLayout, TrainingSample, check_trainable, choose_layers, layer_list, loss_mask
 
@@ -199,7 +199,10 @@ def first_samples(kafka: KafkaSettings, topic: str, group: str, shards: ShardHan
                 errors.check(message.error())  # raises KafkaFatal; transient ones are counted (librdkafka retries)
                 continue
             last_record = time.monotonic()
-            event = _ready_event(message.value(), topic, message.partition(), message.offset())
+            try:
+                event = ready_event(message)
+            except ValueError as exc:  # before training starts, the job cannot go on without its samples
+                raise ServiceFailed(str(exc)) from None
             if not seen.add(event.event_id):
                 continue
             check_trainable(event)
@@ -213,14 +216,6 @@ def first_samples(kafka: KafkaSettings, topic: str, group: str, shards: ShardHan
     finally:
         consumer.close()
     return found
-
-
-def _ready_event(value: bytes | None, topic: str, partition: int, offset: int) -> HiddenStatesReady:
-    try:
-        return HiddenStatesReady.model_validate_json(value or b"")
-    except ValidationError as exc:
-        raise ServiceFailed(f"{topic}[{partition}]@{offset}: not a ready event: "
-                            f"{format_validation_error(exc)}") from None
 
 
 # --- batches: the stream packed, in speculators' layout ---------------------------------------

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from hsx.runtime.errors import UsageError
 
@@ -97,7 +97,7 @@ def _fc_shape(flag: str, weights: list[Path]) -> tuple[int, ...] | None:
             with safe_open(file, "pt") as tensors:
                 if FC in tensors.keys():  # noqa: SIM118 (safe_open has keys(), no __contains__)
                     return tuple(tensors.get_slice(FC).get_shape())
-        except Exception as exc:  # safetensors raises its own SafetensorError for a damaged file
+        except (SafetensorError, OSError) as exc:
             raise UsageError(f"{flag} {file}: not a readable safetensors file: {exc}") from None
     return None
 

@@ -72,7 +72,7 @@ from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.schemas.topics import READY
 from hsx.sink.assembler import Assembler, Record, RejectedRecords, Staged
 from hsx.sink.payloads import PayloadReader
-from hsx.trainer.consume import _event as ready_event_of
+from hsx.trainer.consume import ready_event as ready_event_of
 from hsx.trainer.samples import check_trainable, choose_layers
 from tests.fuzz.target import target
 
