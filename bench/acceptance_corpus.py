@@ -30,6 +30,7 @@ import os
 import re
 import statistics
 import sys
+import sysconfig
 from collections import Counter
 from dataclasses import dataclass
 from importlib import metadata
@@ -166,13 +167,17 @@ class Passage:
 def package_documents() -> list[Document]:
     """The training source: each installed third-party distribution's long
     description, its modules' docstrings and the documentation files its wheel
-    ships, sorted by name."""
+    ships, sorted by name. Only the environment's own site-packages are looked
+    in, not ``sys.path``: importing some packages puts more folders there (setuptools
+    adds its ``_vendor``), which would make the corpus depend on what the calling
+    process imported before."""
     seen: set[str] = set()
     documents = []
-    for dist in metadata.distributions():
+    site_packages = list(dict.fromkeys(sysconfig.get_path(kind) for kind in ("purelib", "platlib")))
+    for dist in metadata.distributions(path=site_packages):
         meta = dist.metadata
         name = re.sub(r"[-_.]+", "-", meta["Name"] if "Name" in meta else "").lower()
-        # The first of two copies on sys.path is the one Python imports.
+        # The first of two copies on the path is the one Python imports.
         if not name or name in seen or name in EXCLUDED_DISTRIBUTIONS:
             continue
         seen.add(name)

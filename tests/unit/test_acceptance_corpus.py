@@ -133,3 +133,14 @@ Fastthing est une bibliothèque écrite en français pour des raisons de démons
     assert [p.text for p in found] == [
         "Fastthing parses the files your services write and turns them into tables that you can query, "
         "without loading a whole file into memory at once."]
+
+
+def test_what_the_process_imported_does_not_change_the_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Importing setuptools' vendored packages puts a folder of distributions on
+    # sys.path: a build in a test worker that imported it differed from the command's.
+    dist_info = tmp_path / "planted-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: planted\nVersion: 1.0\n\n"
+                                        "A planted package whose long description must never reach the corpus. " * 3)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "planted" not in {d.source for d in acceptance_corpus.package_documents()}
