@@ -50,19 +50,15 @@ What is hsx's:
   speculators' own handler instead saves ``interrupted/``, which it never resumes.
 
 **Without an accelerator** (CPU), speculators' Trainer is adapted in the three
-places that assume one, and nowhere else: the model and the batches go to
-``"cpu"`` and autocast is the CPU's (:class:`OnlineTrainer`); its step timer's
-``torch.accelerator.synchronize()``, which raises without an accelerator, is
-skipped (CPU work is done when the call returns); its checkpointer reads a
-checkpoint onto the CPU instead of ``cuda:0`` (:func:`_on_cpu`). The defaults
-then take ``sdpa`` attention (flex attention has no CPU backward) and the eager
-loss (the fused one needs Triton). On a GPU nothing is changed.
+places that assume one, and nowhere else (:mod:`hsx.trainer.speculators_cpu`,
+which ``speculators train`` on an export uses too). The defaults then take
+``sdpa`` attention (flex attention has no CPU backward) and the eager loss (the
+fused one needs Triton). On a GPU nothing is changed.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import logging
@@ -95,6 +91,7 @@ from hsx.schemas import HiddenStatesReady
 from hsx.schemas.training import LossMaskPolicy
 from hsx.trainer.consume import ready_event
 from hsx.trainer.online import ReadyStream
+from hsx.trainer.speculators_cpu import on_cpu
 from hsx.trainer.samples import LayerLayout, TrainingSample, check_trainable, choose_layers, layer_list, loss_mask
 
 log = logging.getLogger(__name__)
@@ -360,9 +357,7 @@ def _trainer_class() -> type:
 
     class OnlineTrainer(Trainer):  # type: ignore[misc,valid-type]
         """speculators' Trainer over :class:`StreamEpochs`: every epoch ends in a
-        checkpoint and a commit of the samples it holds; on CPU, model and
-        batches go to ``"cpu"`` (speculators' ``Trainer`` sends them to the
-        local rank, an accelerator's index, and autocasts for ``"cuda"``)."""
+        checkpoint and a commit of the samples it holds."""
 
         def __init__(self, model: Any, config: Any, epochs: StreamEpochs, stream: ReadyStream) -> None:
             self.epochs = epochs
@@ -370,12 +365,6 @@ def _trainer_class() -> type:
             self.saved: Path | None = None
             """The last checkpoint this run wrote."""
             super().__init__(model, config, epochs, None)
-
-        def setup_trainer(self) -> None:
-            if not torch.accelerator.is_available():
-                self.local_rank = "cpu"
-                self.device_type = "cpu"
-            super().setup_trainer()
 
         def run_training(self) -> None:
             """speculators' epoch loop without validation (a stream holds none
@@ -401,30 +390,6 @@ def _trainer_class() -> type:
             self.stream.commit()
 
     return OnlineTrainer
-
-
-@contextlib.contextmanager
-def _on_cpu() -> Iterator[None]:
-    """speculators' trainer module without an accelerator: its step timer skips
-    ``torch.accelerator.synchronize()`` (it raises without one; CPU work is
-    finished when the call returns) and its checkpointer loads onto the CPU
-    (``get_current_device()`` says ``cuda:0`` without one)."""
-    from speculators.train import checkpointer, trainer
-
-    class CpuStepTimer(trainer._StepTimer):  # type: ignore[name-defined,misc]
-        def mark(self, name: str) -> None:
-            if self.enabled:
-                self._marks[name] = time.perf_counter()
-
-        def now(self) -> float | None:
-            return time.perf_counter() if self.enabled else None
-
-    saved = trainer._StepTimer, checkpointer.get_current_device
-    trainer._StepTimer, checkpointer.get_current_device = CpuStepTimer, lambda: "cpu"
-    try:
-        yield
-    finally:
-        trainer._StepTimer, checkpointer.get_current_device = saved
 
 
 class _StepLog(logging.Handler):
@@ -633,7 +598,7 @@ def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafk
     metrics = logging.getLogger("speculators.metrics")
     metrics.addHandler(steps_log)
     metrics.propagate = False  # its dicts become _StepLog's lines, not dict reprs in the log
-    with contextlib.nullcontext() if accelerated else _on_cpu():
+    with on_cpu():
         trainer = _trainer_class()(model, trainer_config, epochs_view, stream)
         if resumed is not None and resumed.stream is not None:
             stream.load_state_dict(resumed.stream)

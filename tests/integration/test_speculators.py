@@ -75,10 +75,10 @@ def test_token_freq_equals_speculators(side_by_side: tuple[Path, Path, Path]) ->
     assert sum(ours.values()) == metadata["supervised_tokens"] > 0
 
 
-def test_the_printed_train_command_is_accepted(tmp_path: Path, cache_dir: Path) -> None:
-    """``speculators train`` with the command ``hsx export`` prints (a small draft
-    vocabulary, a dry run: CPUs cannot train it) builds the vocabulary mapping
-    from token_freq.pt and a draft fed by the chosen aux layers in their order."""
+@pytest.fixture
+def printed_command(tmp_path: Path, cache_dir: Path) -> list[str]:
+    """The flags of the ``speculators train`` command ``hsx export`` prints for
+    an export of tiny-llama-shaped samples, with a small draft vocabulary."""
     from hsx import models
     from hsx.trainer.export import train_command
 
@@ -88,11 +88,38 @@ def test_the_printed_train_command_is_accepted(tmp_path: Path, cache_dir: Path) 
         samples=12, hidden_size=config["hidden_size"], vocab=config["vocab_size"], model=str(tiny)))
     metadata = export_speculators(tmp_path / "ds", tmp_path / "export", layers=AUX)
     argv = train_command(tmp_path / "export", metadata).split()
+    assert argv[:2] == ["speculators", "train"]
     argv[argv.index("--draft-vocab-size") + 1] = "200"
-    argv[0] = str(SPECULATORS_PY.with_name("speculators"))
-    run = subprocess.run([*argv, "--dry-run", "--save-path", str(tmp_path / "draft")], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600, check=False)
+    return argv[2:]
+
+
+def _speculators(argv: list[str], cwd: Path) -> None:
+    run = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_the_printed_train_command_is_accepted(tmp_path: Path, printed_command: list[str]) -> None:
+    """``speculators train`` with the command ``hsx export`` prints (a dry run)
+    builds the vocabulary mapping from token_freq.pt and a draft fed by the
+    chosen aux layers in their order."""
+    _speculators([str(SPECULATORS_PY.with_name("speculators")), "train", *printed_command,
+                  "--dry-run", "--save-path", str(tmp_path / "draft")], tmp_path)
     assert (tmp_path / "export" / "d2t-200.npy").exists() and (tmp_path / "export" / "t2d-200.npy").exists()
     draft = json.loads((tmp_path / "draft" / "config.json").read_text())
     assert draft["eagle_aux_hidden_state_layer_ids"] == AUX and draft["draft_vocab_size"] == 200
+
+
+def test_the_printed_train_command_trains_on_a_cpu(tmp_path: Path, printed_command: list[str]) -> None:
+    """The same flags through ``python -m hsx.trainer.speculators_cpu``
+    (speculators' own train, adapted for a machine without an accelerator)
+    train: the epoch's checkpoint holds the initial draft's tensors, changed."""
+    _speculators([str(SPECULATORS_PY.with_name("speculators")), "train", *printed_command,
+                  "--dry-run", "--save-path", str(tmp_path / "initial")], tmp_path)
+    _speculators([str(SPECULATORS_PY), "-m", "hsx.trainer.speculators_cpu", *printed_command,
+                  "--epochs", "1", "--save-path", str(tmp_path / "trained")], tmp_path)
+    initial = load_file(str(tmp_path / "initial" / "model.safetensors"))
+    trained = load_file(str(tmp_path / "trained" / "0" / "model.safetensors"))
+    assert set(trained) == set(initial)
+    assert all(torch.isfinite(t).all() for t in trained.values())
+    changed = [k for k in trained if not torch.equal(trained[k].float(), initial[k].float())]
+    assert "fc.weight" in changed and any(".self_attn." in k for k in changed), changed
