@@ -29,7 +29,7 @@ SPEC_VENV ?= .venv-speculators
 SPEC_BASE_STAMP := $(SPEC_VENV)/.speculators-installed
 SPEC_STAMP := $(SPEC_VENV)/.installed
 
-.PHONY: install models test test-fast soak fuzz demo bench schemas tools speculators clean
+.PHONY: install models test test-fast soak fuzz demo bench acceptance schemas tools speculators clean
 
 install: $(STAMP)
 
@@ -111,6 +111,12 @@ demo: $(MODELS_STAMP)
 # docs/benchmarks.md. BENCH_ARGS=--quick for a smoke run.
 bench: $(MODELS_STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# Drafts trained on hsx data, measured by vLLM (bench/acceptance.py): hours on two
+# cores; each run does what is left and merges the figures. One stage or arm:
+# $(BIN)/python -m bench.acceptance --only offline
+acceptance: $(MODELS_STAMP) $(SPEC_STAMP)
+	$(BIN)/python -m bench --only acceptance
 
 schemas: $(STAMP)
 	$(BIN)/python -m hsx.schemas.generate

@@ -47,6 +47,8 @@ from hsx.local.spawn import cpu_engine_env
 
 SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale", "dataset_codecs", "object_store", "datapath",
             "pipeline_by_reference"]
+OPTIONAL_SECTIONS = ["acceptance"]
+"""Run only when named in ``--only``: hours of training on two cores."""
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -125,7 +127,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one round each: a smoke check (minutes)")
     parser.add_argument("--preload", choices=["iomp", "none"], default="iomp",
                         help="LD_PRELOAD for every process of every side alike (default: the venv's libiomp5.so)")
-    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=SECTIONS)
+    parser.add_argument("--only", nargs="+", choices=SECTIONS + OPTIONAL_SECTIONS, default=SECTIONS)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--render", action="store_true", help="only regenerate the page from the results file")
@@ -181,6 +183,9 @@ def main() -> None:
         results = {**earlier, **results}
         results["partial_runs"] = [*earlier.get("partial_runs", []), "+".join(args.only)]
         results["total_s"] = round(sum(results.get(f"section_{s}_s", 0) for s in SECTIONS), 1)
+    elif args.out.exists():  # a whole run keeps the optional sections' figures
+        results = {**{k: v for k, v in json.loads(args.out.read_text()).items()
+                      if any(k.startswith((f"{s}_", f"section_{s}_")) for s in OPTIONAL_SECTIONS)}, **results}
     results.update(report.targets(results))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

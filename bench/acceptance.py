@@ -1,0 +1,350 @@
+"""The acceptance benchmark: EAGLE-3 drafts trained on hsx data, measured where
+it counts, by the tokens vLLM's speculative decoding accepts on prompts training
+never saw (SmolLM2-135M-Instruct, CPU, 3 speculative tokens, greedy).
+
+Stages, each run once and resumed where it stopped (its figures go to
+``WORK/figures/STAGE.json`` when it is done; a stage runs the ones it needs):
+
+1. ``corpus``: ``bench.acceptance_corpus``: 2,400 training chats from the
+   installed packages' documentation, 120 evaluation chats from CPython's help
+   topics;
+2. ``data``: ``hsx run train.jsonl --generate max_tokens=128``: the verifier
+   answers every chat and its hidden states are captured in the same pass;
+3. ``export``: ``hsx export --format speculators``;
+4. arms, trained with the same flags (the command ``hsx export`` prints, with
+   :data:`TRAIN_FLAGS`), each measured by ``hsx eval-draft`` on the evaluation set:
+
+   - ``untrained``: speculators' ``--dry-run`` draft (the floor, about 1.0);
+   - ``offline``: (a) speculators' own ``train`` on the export (through
+     ``hsx.trainer.speculators_cpu`` where there is no accelerator), measured
+     after 1, 2 and 4 of its 4 epochs: the learning curve at 25, 50 and 100 %
+     of the training tokens;
+   - ``reference``: (c) the export's token sequences and loss masks with hidden
+     states computed by HF transformers (``hsx.reference``, the suite's
+     independent reference) and written in speculators' layout here, not by
+     ``hsx export``: an alignment error of hsx's shows as a gap to (a);
+   - ``shifted``: (d) the export with every sample's hidden states moved one
+     position later (position t holds t-1's): the metric must see a data error;
+   - ``online``: (b) ``hsx train-draft`` reading ``hidden_states.ready`` while a
+     second ``hsx run`` of the same prompts (greedy: the same answers) extracts,
+     on a broker of its own: one pass over the stream, no export. It is set
+     beside (a) after one of its four epochs, the same samples and about the
+     same steps (the online arm also trains on the 10 % speculators holds out).
+
+    python -m bench.acceptance [--work out/acceptance] [--only STAGE ...] [--out FILE]
+
+``python -m bench --only acceptance`` runs what is left and merges every figure
+into ``bench/results.json`` and ``docs/benchmarks.md``. Training runs at about
+500 tokens/s on two cores: an arm takes over an hour, so run them one at a time
+(``--only offline``); ``WORK`` keeps what each stage made, and a new machine
+remakes the data (greedy decoding: the same answers) before training an arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "smollm2-135m-instruct"
+SPECULATORS_PY = ROOT / ".venv-speculators" / "bin" / "python"
+GENERATE = "max_tokens=128"
+EPOCHS = 4
+CURVE_EPOCHS = (1, 2, 4)
+"""The offline arm's checkpoints measured: 25, 50 and 100 % of its training tokens."""
+TRAIN_FLAGS = {
+    "--draft-vocab-size": "8192",  # 49,152 in SmolLM2's vocabulary; 8,192 cover nearly every answer token
+    "--total-seq-len": "2048",
+    "--epochs": str(EPOCHS),
+    "--seed": "0",
+    "--num-workers": "1",
+    "--log-freq": "10",
+}
+"""What every arm's training is given beyond the command ``hsx export`` prints
+(speculators' defaults otherwise: its learning rate and schedule, 10 % of the
+rows held out for its own validation)."""
+
+
+@dataclass(frozen=True)
+class Work:
+    """Where every stage keeps what it made, under one folder."""
+
+    root: Path
+
+    @property
+    def corpus(self) -> Path:
+        return self.root / "corpus"
+
+    @property
+    def dataset(self) -> Path:
+        return self.root / "dataset"
+
+    def export(self, arm: str = "offline") -> Path:
+        return self.root / ("export" if arm == "offline" else f"export-{arm}")
+
+    @property
+    def online_dataset(self) -> Path:
+        return self.root / "dataset-online"
+
+    def draft(self, arm: str) -> Path:
+        return self.root / "drafts" / arm
+
+    def log(self, stage: str) -> Path:
+        return self.root / "logs" / f"{stage}.log"
+
+    def figures(self, stage: str) -> Path:
+        return self.root / "figures" / f"{stage}.json"
+
+
+def model_dir() -> Path:
+    from hsx import models
+
+    return models.prepare(names=[MODEL])[MODEL]
+
+
+def hsx_bin() -> str:
+    return str(Path(sys.executable).with_name("hsx"))
+
+
+def speculators_python() -> str:
+    if not SPECULATORS_PY.exists():
+        sys.exit(f"error: {SPECULATORS_PY} is missing: run `make speculators`")
+    return str(SPECULATORS_PY)
+
+
+def run_logged(argv: list[str], log: Path, env: dict[str, str] | None = None) -> float:
+    """Run ``argv`` with its output appended to ``log``; its wall time in s.
+    A failure stops the benchmark, naming the log."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[acceptance] {' '.join(argv)}  (log: {log})", flush=True)
+    started = time.monotonic()
+    with log.open("a") as out:
+        code = subprocess.run(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+    if code != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+        sys.exit(f"error: exit code {code} from {argv[0]} ...; the end of {log}:\n{tail}")
+    return round(time.monotonic() - started, 1)
+
+
+# -- stages ---------------------------------------------------------------------------------------
+
+
+def corpus(work: Work) -> dict[str, Any]:
+    from bench.acceptance_corpus import build
+
+    started = time.monotonic()
+    summary = build(work.corpus)
+    return {"acceptance_corpus_s": round(time.monotonic() - started, 1),
+            "acceptance_train_prompts": summary["train"]["rows"], "acceptance_eval_prompts": summary["eval"]["rows"],
+            "acceptance_train_sources": summary["train"]["sources_used"],
+            "acceptance_train_sha256": summary["train"]["sha256"], "acceptance_eval_sha256": summary["eval"]["sha256"]}
+
+
+def data(work: Work) -> dict[str, Any]:
+    seconds = run_logged([hsx_bin(), "run", str(work.corpus / "train.jsonl"), "--model", str(model_dir()),
+                          "--output", str(work.dataset), "--generate", GENERATE, "--no-progress"], work.log("data"))
+    return {"acceptance_data_s": seconds, "acceptance_generate": GENERATE}
+
+
+def export(work: Work) -> dict[str, Any]:
+    shutil.rmtree(work.export(), ignore_errors=True)  # a half-written export from a stopped run
+    seconds = run_logged([hsx_bin(), "export", str(work.export()), "--dataset", str(work.dataset),
+                          "--format", "speculators", "--verifier", str(model_dir())], work.log("export"))
+    meta = json.loads((work.export() / "hsx_export.json").read_text())
+    printed = [line for line in work.log("export").read_text().splitlines() if line.startswith("train with: ")]
+    return {"acceptance_export_s": seconds, "acceptance_samples": meta["rows"],
+            "acceptance_supervised_tokens": meta["supervised_tokens"], "acceptance_layer_ids": meta["layer_ids"],
+            "acceptance_printed_command": printed[-1].removeprefix("train with: ")}
+
+
+def arm_flags(work: Work, arm: str) -> dict[str, list[str]]:
+    """The flags of the command ``hsx export`` printed, :data:`TRAIN_FLAGS` over
+    them, on the arm's export and into the arm's draft folder."""
+    printed = json.loads(work.figures("export").read_text())["acceptance_printed_command"].split()
+    assert printed[:2] == ["speculators", "train"], printed
+    flags: dict[str, list[str]] = {}
+    for word in printed[2:]:
+        if word.startswith("--"):
+            flags[word] = []
+        else:
+            flags[next(reversed(flags))].append(word)
+    flags.update({flag: [value] for flag, value in TRAIN_FLAGS.items()})
+    flags["--data-path"] = [str(work.export(arm))]
+    flags["--save-path"] = [str(work.draft(arm))]
+    return flags
+
+
+def train_flags(work: Work, arm: str) -> list[str]:
+    """:func:`arm_flags` as a command line."""
+    return [item for flag, values in arm_flags(work, arm).items() for item in (flag, *values)]
+
+
+def evaluate(work: Work, name: str, draft: Path) -> dict[str, Any]:
+    """``hsx eval-draft`` on the evaluation set: the figures under ``acceptance_NAME_``."""
+    report = work.root / "eval" / f"{name}.json"
+    if not report.exists():  # an evaluation done before a stop is kept
+        partial = report.with_suffix(".partial.json")
+        seconds = run_logged([hsx_bin(), "eval-draft", str(work.corpus / "eval.jsonl"), "--model", str(model_dir()),
+                              "--draft", str(draft), "--json", str(partial)], work.log(f"eval-{name}"))
+        result = json.loads(partial.read_text())
+        result["eval_s"] = seconds
+        report.write_text(json.dumps(result, indent=2))
+        partial.unlink()
+    result = json.loads(report.read_text())
+    keys = ("acceptance_length", "per_position", "drafts", "draft_tokens", "accepted_tokens", "outputs_identical",
+            "differing_prompts", "tokens_per_s_with_draft", "tokens_per_s_without_draft", "prompts", "eval_s")
+    return {f"acceptance_{name}_{key}": result[key] for key in keys if key in result}
+
+
+def untrained(work: Work) -> dict[str, Any]:
+    draft = work.draft("untrained")
+    if not (draft / "config.json").exists():
+        run_logged([str(SPECULATORS_PY.with_name("speculators")), "train", *train_flags(work, "offline"),
+                    "--dry-run", "--save-path", str(draft)], work.log("untrained"))
+    return evaluate(work, "untrained", draft)
+
+
+def train_arm(work: Work, arm: str) -> dict[str, Any]:
+    """Train (resuming speculators' last checkpoint) and measure the final epoch."""
+    draft = work.draft(arm)
+    final = draft / str(EPOCHS - 1)
+    figures: dict[str, Any] = {}
+    if not (final / "model.safetensors").exists():
+        seconds = run_logged([speculators_python(), "-m", "hsx.trainer.speculators_cpu", *train_flags(work, arm)],
+                             work.log(f"train-{arm}"))
+        figures[f"acceptance_{arm}_train_s"] = seconds
+    state = json.loads((final / "training_state.json").read_text()) if (final / "training_state.json").exists() else {}
+    figures[f"acceptance_{arm}_steps"] = state.get("global_step")
+    return {**figures, **evaluate(work, arm, final)}
+
+
+def offline(work: Work) -> dict[str, Any]:
+    figures = train_arm(work, "offline")
+    curve = []
+    for epochs in CURVE_EPOCHS:
+        name = "offline" if epochs == EPOCHS else f"offline_epoch{epochs}"  # the last is the arm's own
+        point = figures if epochs == EPOCHS else evaluate(work, name, work.draft("offline") / str(epochs - 1))
+        curve.append({"tokens_fraction": epochs / EPOCHS, "acceptance_length": point[f"acceptance_{name}_acceptance_length"],
+                      "per_position": point[f"acceptance_{name}_per_position"]})
+    return {**figures, "acceptance_offline_curve": curve}
+
+
+def reference(work: Work) -> dict[str, Any]:
+    from bench.acceptance_arms import write_reference_export
+
+    started = time.monotonic()
+    if not (work.export("reference") / "hsx_export.json").exists():
+        write_reference_export(work.export(), work.export("reference"), model_dir())
+    made = round(time.monotonic() - started, 1)
+    return {"acceptance_reference_hf_s": made, **train_arm(work, "reference")}
+
+
+def shifted(work: Work) -> dict[str, Any]:
+    from bench.acceptance_arms import write_shifted_export
+
+    if not (work.export("shifted") / "hsx_export.json").exists():
+        write_shifted_export(work.export(), work.export("shifted"))
+    return train_arm(work, "shifted")
+
+
+def online(work: Work) -> dict[str, Any]:
+    from hsx.local.broker import EmbeddedBroker
+    from hsx.local.topics import fresh_topics
+    from hsx.runtime.settings import KafkaSettings
+
+    draft = work.draft("online")
+    figures: dict[str, Any] = {}
+    if not (draft / "done").exists():
+        # The stream lived on the stopped run's broker: a stopped online arm starts over.
+        shutil.rmtree(draft, ignore_errors=True)
+        shutil.rmtree(work.online_dataset, ignore_errors=True)
+        flags = arm_flags(work, "offline")
+        with EmbeddedBroker() as broker:
+            topics = fresh_topics(KafkaSettings(bootstrap=broker.bootstrap), prefix="acceptance.")
+            env = {**os.environ, **{f"HSX_TOPIC_{name.upper()}": topic
+                                    for name, topic in asdict(topics.topics()).items()}}
+            work.log("train-online").parent.mkdir(parents=True, exist_ok=True)
+            started = time.monotonic()
+            with work.log("train-online").open("a") as log:
+                trainer = subprocess.Popen([
+                    str(SPECULATORS_PY.with_name("hsx")), "train-draft", "--bootstrap", broker.bootstrap,
+                    "--ready-topic", topics.topics().ready, "--group", "acceptance-online",
+                    "--dataset", str(work.online_dataset), "--model", str(model_dir()), "--save-path", str(draft),
+                    "--steps", "1000000", "--checkpoint-every", "100", "--exit-when-idle", "120",
+                    *(item for flag in ("--draft-vocab-size", "--total-seq-len", "--hidden-states-dtype", "--seed")
+                      for item in (flag, *flags[flag]))], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                figures["acceptance_online_data_s"] = run_logged(
+                    [hsx_bin(), "run", str(work.corpus / "train.jsonl"), "--bootstrap", broker.bootstrap,
+                     "--model", str(model_dir()), "--output", str(work.online_dataset), "--generate", GENERATE,
+                     "--no-progress"], work.log("data-online"), env=env)
+                if trainer.wait() != 0:
+                    sys.exit(f"error: hsx train-draft exited with {trainer.returncode}; see {work.log('train-online')}")
+            figures["acceptance_online_train_s"] = round(time.monotonic() - started, 1)
+        (draft / "done").write_text(json.dumps(figures))
+    figures = json.loads((draft / "done").read_text())
+    final = max((p for p in draft.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    state = json.loads((final / "training_state.json").read_text())
+    return {**figures, "acceptance_online_steps": state.get("global_step"), **evaluate(work, "online", final)}
+
+
+STAGES: dict[str, tuple[Callable[[Work], dict[str, Any]], tuple[str, ...]]] = {
+    "corpus": (corpus, ()),
+    "data": (data, ("corpus",)),
+    "export": (export, ("data",)),
+    "untrained": (untrained, ("export",)),
+    "offline": (offline, ("export",)),
+    "reference": (reference, ("export",)),
+    "shifted": (shifted, ("export",)),
+    "online": (online, ("export",)),
+}
+"""Each stage, and the stages it needs done first."""
+
+
+def ensure(work: Work, stage: str) -> dict[str, Any]:
+    """The stage's figures: from its file where it is done, else run (after
+    what it needs) and record them."""
+    done = work.figures(stage)
+    if done.exists():
+        return json.loads(done.read_text())
+    run, needs = STAGES[stage]
+    for need in needs:
+        ensure(work, need)
+    print(f"[acceptance] stage {stage} ...", flush=True)
+    figures = run(work)
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.write_text(json.dumps(figures, indent=2) + "\n")
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=ROOT / "out" / "acceptance")
+    parser.add_argument("--only", nargs="+", choices=list(STAGES), default=list(STAGES))
+    parser.add_argument("--out", type=Path, help="also write every finished stage's figures here as JSON")
+    parser.add_argument("--quick", action="store_true", help="accepted for python -m bench; ignored (no quick form)")
+    args = parser.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    work = Work(args.work.resolve())
+    for stage in args.only:
+        ensure(work, stage)
+    figures: dict[str, Any] = {}
+    for stage in STAGES:
+        if work.figures(stage).exists():
+            figures.update(json.loads(work.figures(stage).read_text()))
+    text = json.dumps(figures, indent=2)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

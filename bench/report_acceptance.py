@@ -1,0 +1,97 @@
+"""The benchmarks page's section on drafts trained on hsx data
+(:mod:`bench.acceptance`): every arm's acceptance in vLLM on held-out prompts,
+the offline arm's learning curve, and each stage's wall time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from bench.report import Block, Bullets, Cells, Results, Table, When, fmt
+
+ARMS = (
+    ("offline", "(a) offline: `hsx export` + speculators' `train`"),
+    ("online", "(b) online: `hsx train-draft` while `hsx run` extracts, one pass"),
+    ("reference", "(c) reference: HF transformers' hidden states, same rows"),
+    ("shifted", "(d) control: hsx's hidden states one position late"),
+    ("untrained", "(e) untrained: speculators' `--dry-run` draft"),
+)
+TARGETS = (
+    ("mean acceptance length, (a)", "≥ 2.0", lambda r: _get(r, "offline", "acceptance_length"),
+     lambda v: v >= 2.0),
+    ("per position, (a)", "above [0.30, 0.07, 0.01]", lambda r: _get(r, "offline", "per_position"),
+     lambda v: all(x > bar for x, bar in zip(v, (0.30, 0.07, 0.01)))),
+    ("(b) online − (a) after one epoch (the same samples)", "within 0.1", lambda r: _gap(r, "online", "offline_epoch1"),
+     lambda v: abs(v) <= 0.1),
+    ("(a) − (c) reference", "within 0.05", lambda r: _gap(r, "offline", "reference"), lambda v: abs(v) <= 0.05),
+    ("(a) − (d) shifted control", "at least 0.5", lambda r: _gap(r, "offline", "shifted"), lambda v: v >= 0.5),
+)
+
+
+def _get(r: Results, arm: str, figure: str) -> Any:
+    return r.get(f"acceptance_{arm}_{figure}")
+
+
+def _gap(r: Results, a: str, b: str) -> float | None:
+    x, y = _get(r, a, "acceptance_length"), _get(r, b, "acceptance_length")
+    return None if x is None or y is None else round(x - y, 3)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, list):
+        return " / ".join(f"{x:.3f}" for x in value)
+    return fmt(value)
+
+
+def _arm_rows(r: Results) -> Iterator[Cells]:
+    for arm, what in ARMS:
+        if _get(r, arm, "acceptance_length") is None:
+            yield (what, "not run yet", "", "", "", "", "")
+            continue
+        identical = _get(r, arm, "outputs_identical")
+        yield (what, _cell(_get(r, arm, "acceptance_length")), _cell(_get(r, arm, "per_position")),
+               f"{fmt(_get(r, arm, 'accepted_tokens'))} / {fmt(_get(r, arm, 'draft_tokens'))}",
+               f"{fmt(_get(r, arm, 'tokens_per_s_with_draft'))} / {fmt(_get(r, arm, 'tokens_per_s_without_draft'))}",
+               "yes" if identical else f"**no**: {len(_get(r, arm, 'differing_prompts') or [])} prompts",
+               fmt(_get(r, arm, "train_s")))
+
+
+def _target_rows(r: Results) -> Iterator[Cells]:
+    for figure, target, value_of, met in TARGETS:
+        value = value_of(r)
+        yield (figure, _cell(value), target, "–" if value is None else ("yes" if met(value) else "**no**"))
+
+
+def _curve_rows(r: Results) -> Iterator[Cells]:
+    for point in r.get("acceptance_offline_curve") or []:
+        yield (f"{point['tokens_fraction']:.0%}", _cell(point["acceptance_length"]), _cell(point["per_position"]))
+
+
+ACCEPTANCE: tuple[Block, ...] = (When("acceptance_train_prompts", (
+    "## Drafts trained on hsx data, measured in vLLM",
+    "EAGLE-3 drafts for SmolLM2-135M-Instruct trained by speculators (0.9) on {acceptance_samples} chats whose "
+    "answers the verifier regenerated (`hsx run --generate {acceptance_generate!s}`: "
+    "{acceptance_train_prompts} prompts from the documentation of {acceptance_train_sources} installed packages, "
+    "{acceptance_supervised_tokens} answer tokens), then measured by `hsx eval-draft` (vLLM's own speculative-"
+    "decoding counters; 3 speculative tokens, greedy, up to 128 tokens) on {acceptance_eval_prompts} held-out chats "
+    "from another source (CPython's help topics). Every arm trains with the same flags: the command `hsx export` "
+    "prints, with a draft vocabulary of 8,192, 2,048-token batches, 4 epochs, seed 0 "
+    "(`bench.acceptance.TRAIN_FLAGS`).",
+    Table(("arm", "acceptance length", "per position", "accepted / drafted", "tokens/s with / without",
+           "greedy outputs identical", "training s"), _arm_rows),
+    Table(("figure", "value", "target", "met"), _target_rows),
+    When("acceptance_offline_curve", (
+        "Learning curve of (a): acceptance after part of its training tokens (its epoch checkpoints).",
+        Table(("training tokens", "acceptance length", "per position"), _curve_rows),
+    )),
+    Bullets((
+        "generation + capture (`hsx run`): {acceptance_data_s} s; export: {acceptance_export_s} s; "
+        "HF reference hidden states: {acceptance_reference_hf_s} s",
+        "evaluation, per draft (120 prompts with and without it): {acceptance_offline_eval_s} s",
+        "the corpus: train {acceptance_train_sha256!s}, eval {acceptance_eval_sha256!s} (sha256 of the files)",
+    )),
+    "```bash\n"
+    ".venv/bin/python -m bench.acceptance --only offline   # one arm (and the stages it needs); resumes\n"
+    ".venv/bin/python -m bench --only acceptance           # what is left, then merged into this page\n"
+    "```",
+)),)

@@ -1,0 +1,63 @@
+"""bench/acceptance.py's own logic: the arms' exports and flags, and its page."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from bench import acceptance, report
+from bench.acceptance_arms import write_shifted_export
+from hsx.local.training_data import TrainingDataSpec, write_training_dataset
+from hsx.trainer.export import export_speculators
+
+
+def test_shifted_export_moves_every_hidden_state_one_position_late(tmp_path: Path) -> None:
+    write_training_dataset(tmp_path / "ds", TrainingDataSpec(samples=6, min_tokens=4))
+    export_speculators(tmp_path / "ds", tmp_path / "export", layers=[1, 2])
+    write_shifted_export(tmp_path / "export", tmp_path / "shifted")
+    files = sorted((tmp_path / "export" / "hidden_states").glob("hs_*.safetensors"))
+    assert len(files) == 6
+    for path in files:
+        ours, shifted = load_file(str(path)), load_file(str(tmp_path / "shifted" / "hidden_states" / path.name))
+        assert torch.equal(shifted["token_ids"], ours["token_ids"])
+        assert torch.equal(shifted["hidden_states"][1:], ours["hidden_states"][:-1])
+        assert torch.equal(shifted["hidden_states"][0], ours["hidden_states"][0])
+        assert not torch.equal(shifted["hidden_states"], ours["hidden_states"])
+    # The rows (tokens, masks), their counts and the export's record are the export's own.
+    for name in ("hsx_export.json", "token_freq.pt", "dataset_info.json"):
+        assert (tmp_path / "shifted" / name).read_bytes() == (tmp_path / "export" / name).read_bytes()
+
+
+def test_every_arm_trains_with_the_printed_command_and_the_same_flags(tmp_path: Path) -> None:
+    work = acceptance.Work(tmp_path)
+    work.figures("export").parent.mkdir(parents=True)
+    printed = ("speculators train --speculator-type eagle3 --verifier-name-or-path /m --data-path /e "
+               "--target-layer-ids 2 15 27 --hidden-states-dtype bfloat16 --on-missing raise "
+               "--total-seq-len 8192 --draft-vocab-size 32000")
+    work.figures("export").write_text(json.dumps({"acceptance_printed_command": printed}))
+    offline, shifted = acceptance.arm_flags(work, "offline"), acceptance.arm_flags(work, "shifted")
+    assert offline["--target-layer-ids"] == ["2", "15", "27"] and offline["--verifier-name-or-path"] == ["/m"]
+    assert offline["--draft-vocab-size"] == ["8192"] and offline["--total-seq-len"] == ["2048"]
+    assert offline["--data-path"] == [str(tmp_path / "export")] and shifted["--data-path"] == [str(tmp_path / "export-shifted")]
+    assert {k: v for k, v in offline.items() if k not in ("--data-path", "--save-path")} == \
+        {k: v for k, v in shifted.items() if k not in ("--data-path", "--save-path")}
+    line = acceptance.train_flags(work, "offline")
+    assert line[line.index("--target-layer-ids"):line.index("--target-layer-ids") + 4] == \
+        ["--target-layer-ids", "2", "15", "27"]
+
+
+def test_the_page_shows_arms_run_and_not_run() -> None:
+    results = {"acceptance_train_prompts": 2400, "acceptance_offline_acceptance_length": 1.9,
+               "acceptance_offline_per_position": [0.5, 0.25, 0.15], "acceptance_offline_outputs_identical": True,
+               "acceptance_shifted_acceptance_length": 1.2, "acceptance_shifted_per_position": [0.15, 0.04, 0.01],
+               "acceptance_shifted_outputs_identical": False, "acceptance_shifted_differing_prompts": ["a", "b"]}
+    page = report.render(results)
+    section = page[page.index("## Drafts trained"):]
+    assert "| (a) offline: `hsx export` + speculators' `train` | 1.900 | 0.500 / 0.250 / 0.150 |" in section
+    assert "| (c) reference: HF transformers' hidden states, same rows | not run yet |" in section
+    assert "**no**: 2 prompts" in section
+    assert "| (a) − (d) shifted control | 0.700 | at least 0.5 | yes |" in section
+    assert "| mean acceptance length, (a) | 1.900 | ≥ 2.0 | **no** |" in section
