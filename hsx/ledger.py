@@ -3,15 +3,18 @@ event or a dead letter. ``hsx run`` finishes when the ledger balances."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Message
 
 from hsx.runtime.kafka import ConsumerErrors, consumer_config
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import DlqHeaders, ErrorClass, HiddenStatesReady, Topics
+
+log = logging.getLogger(__name__)
 
 # A superseded attempt's leftovers are dead-lettered while another attempt of the
 # same request completes: they say nothing about the request's outcome.
@@ -66,6 +69,10 @@ class LedgerFeed:
                                                   **{"session.timeout.ms": 6000}))
         self._consumer.subscribe([topics.ready, topics.prompts_dlq, topics.blocks_dlq])
         self._errors = ConsumerErrors("hsx-run")
+        self.unreadable = 0
+        """Records on these topics that are not what hsx's services write (topics
+        shared through ``HSX_TOPIC_*`` can hold anyone's): skipped with a warning;
+        a published id they would have accounted for is reported missing."""
 
     def poll(self, timeout: float) -> None:
         """Read what has arrived within ``timeout`` seconds."""
@@ -74,11 +81,19 @@ class LedgerFeed:
             if error is not None:
                 self._errors.check(error)  # raises KafkaFatal; transient ones are counted
                 continue
-            if message.topic() == self._topics.ready:
-                self.ledger.record_ready(HiddenStatesReady.model_validate_json(message.value()))
-            elif message.key():  # the producer's invalid lines have no request id: counted at publishing
-                headers = DlqHeaders.from_kafka(message.headers())
-                self.ledger.record_dead_letter(message.key().decode(), headers.error_class)
+            try:
+                self._record(message)
+            except ValueError as exc:  # ValidationError, UnicodeDecodeError: a record no hsx service wrote
+                self.unreadable += 1
+                log.warning("%s[%s]@%s: not a record hsx accounts for, skipped (%s)", message.topic(),
+                            message.partition(), message.offset(), str(exc).splitlines()[0])
+
+    def _record(self, message: Message) -> None:
+        if message.topic() == self._topics.ready:
+            self.ledger.record_ready(HiddenStatesReady.model_validate_json(message.value() or b""))
+        elif message.key():  # the producer's invalid lines have no request id: counted at publishing
+            headers = DlqHeaders.from_kafka(message.headers())
+            self.ledger.record_dead_letter(message.key().decode(), headers.error_class)
 
     def close(self) -> None:
         self._consumer.close()
