@@ -10,13 +10,24 @@ re-tokenized.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from hsx.schemas import Message
 
-_SENTINEL = "\u2063HSX-ANSWER-{}\u2063"
-"""Invisible separators around a marker no real chat contains."""
+_SENTINEL = "\u2063HSX-ANSWER-{nonce}-{k}\u2063"
+"""Invisible separators around a marker no chat contains: its nonce is drawn
+per chat, so a message cannot hold it by accident or on purpose (a fixed marker
+in a user's text would be found first and misplace the answers)."""
+
+
+def _sentinels(messages: list[Message], count: int) -> list[str]:
+    """``count`` markers, none of which occurs in any message."""
+    while True:
+        nonce = secrets.token_hex(8)
+        if not any(nonce in m.text for m in messages):
+            return [_SENTINEL.format(nonce=nonce, k=k) for k in range(count)]
 
 
 @dataclass(frozen=True)
@@ -42,9 +53,10 @@ def plan(messages: list[Message], render: Callable[[list[dict[str, str]], bool],
     order (it rewrites assistant content), so the answers cannot be placed.
     ``render(chat, add_generation_prompt)``."""
     positions = answer_positions(messages)
+    sentinels = _sentinels(messages, len(positions))
     dicts = [{"role": m.role, "content": m.text} for m in messages]
     for k, position in enumerate(positions):
-        answer = {"role": "assistant", "content": _SENTINEL.format(k)}
+        answer = {"role": "assistant", "content": sentinels[k]}
         if position == len(messages):
             dicts.append(answer)
         else:
@@ -53,14 +65,14 @@ def plan(messages: list[Message], render: Callable[[list[dict[str, str]], bool],
     pieces: list[list[int]] = []
     start = 0
     for k, position in enumerate(positions):
-        at = text.find(_SENTINEL.format(k), start)
+        at = text.find(sentinels[k], start)
         if at < 0:
             return None
         # The answer's prompt ends as the template's generation prompt ends it,
         # which may pre-fill more than a past turn shows (Qwen3's empty thought).
         prompted = render(dicts[:position], True)
         pieces.append(tokenize(prompted[start:] if prompted.startswith(text[:at]) else text[start:at]))
-        start = at + len(_SENTINEL.format(k))
+        start = at + len(sentinels[k])
     return RegenerationPlan(pieces)
 
 

@@ -87,6 +87,19 @@ def test_turn_by_turn_regeneration_places_each_answer_after_its_template_piece(t
     assert tokens_after_answer([5, piece[0]], piece) == piece[1:] and tokens_after_answer([5, 6], piece) == piece
 
 
+def test_a_message_holding_the_old_fixed_marker_does_not_misplace_answers(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    # The marker used to be fixed: a user turn quoting it was found before the
+    # first answer's own, and the pieces were cut at the wrong places.
+    marker = "\u2063HSX-ANSWER-0\u2063"
+    chat = [{"role": "user", "content": f"say {marker} please"}, *CHAT[1:]]
+    preparer = PromptPreparer(tokenizer, len(tokenizer), 512)
+    prepared = preparer.prepare(event(messages=chat, generation={"max_tokens": 4}))
+    first_prompt = tokenizer.apply_chat_template(chat[:1], tokenize=False, add_generation_prompt=True)
+    assert prepared.token_ids == tokenizer(first_prompt, add_special_tokens=False)["input_ids"]
+    (piece,) = prepared.followups
+    assert "bye" in tokenizer.decode(piece) and "please" not in tokenizer.decode(piece)
+
+
 def test_generation_must_fit_with_every_answer(tokenizer) -> None:  # type: ignore[no-untyped-def]
     preparer = PromptPreparer(tokenizer, len(tokenizer), 64)
     with pytest.raises(PromptRejected, match=r"2 x max_tokens 30 do not fit max_model_len 64") as caught:
