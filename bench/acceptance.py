@@ -151,7 +151,7 @@ def corpus(work: Work) -> dict[str, Any]:
 
 def data(work: Work) -> dict[str, Any]:
     seconds = run_logged([hsx_bin(), "run", str(work.corpus / "train.jsonl"), "--model", str(model_dir()),
-                          "--output", str(work.dataset), "--generate", GENERATE, "--no-progress"], work.log("data"))
+                          "--output", str(work.dataset), "--generate", GENERATE], work.log("data"))
     return {"acceptance_data_s": seconds, "acceptance_generate": GENERATE}
 
 
@@ -284,8 +284,8 @@ def online(work: Work) -> dict[str, Any]:
                       for item in (flag, *flags[flag]))], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
                 figures["acceptance_online_data_s"] = run_logged(
                     [hsx_bin(), "run", str(work.corpus / "train.jsonl"), "--bootstrap", broker.bootstrap,
-                     "--model", str(model_dir()), "--output", str(work.online_dataset), "--generate", GENERATE,
-                     "--no-progress"], work.log("data-online"), env=env)
+                     "--model", str(model_dir()), "--output", str(work.online_dataset), "--generate", GENERATE],
+                    work.log("data-online"), env=env)
                 if trainer.wait() != 0:
                     sys.exit(f"error: hsx train-draft exited with {trainer.returncode}; see {work.log('train-online')}")
             figures["acceptance_online_train_s"] = round(time.monotonic() - started, 1)
