@@ -10,6 +10,7 @@ time, Arrow files and ``datasets`` directories are memory-mapped and sliced.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,6 +87,7 @@ def read_hf_disk(path: Path, split: str | None, batch_rows: int = BATCH_ROWS) ->
     except ImportError as exc:
         raise UsageError(f"{path} is a datasets.save_to_disk directory; reading it needs the datasets "
                          "package: pip install 'hsx[datasets]'") from exc
+    _check_names_stay_inside(path)
     try:
         loaded = datasets.load_from_disk(str(path))  # memory-mapped Arrow, not loaded into memory
     except (OSError, ValueError, pa.ArrowException, KeyError, TypeError, AttributeError) as exc:
@@ -101,6 +103,37 @@ def read_hf_disk(path: Path, split: str | None, batch_rows: int = BATCH_ROWS) ->
         raise UsageError(f"--split {split}: {path} is a single Dataset, not a DatasetDict with splits")
     tables = loaded.with_format("arrow").iter(batch_size=batch_rows)
     yield _lines(name, tables, batch_rows, path, "the dataset")
+
+
+def _check_names_stay_inside(path: Path) -> None:
+    """datasets joins the split names of ``dataset_dict.json`` and the file names
+    of each ``state.json`` to the folder and opens what they name: a name that is
+    a path (``../../x.arrow``, ``/etc/...``) would read outside the folder. JSON
+    of another shape is left to datasets, whose errors say so."""
+    def plain(name: object) -> bool:
+        return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\")
+
+    def listed(file: Path, key: str) -> list[Any]:
+        try:
+            value = json.loads(file.read_bytes()).get(key, []) if file.is_file() else []
+        except (OSError, ValueError, AttributeError):
+            return []
+        return value if isinstance(value, list) else []
+
+    folders = [path]
+    splits = listed(path / "dataset_dict.json", "splits")
+    if splits:
+        if bad := [s for s in splits if not plain(s)]:
+            raise UsageError(f"cannot read {path} as a datasets.save_to_disk directory: dataset_dict.json names "
+                             f"split {bad[0]!r}, not a folder name inside it")
+        folders = [path / s for s in splits]
+    for folder in folders:
+        names = [entry.get("filename") for entry in listed(folder / "state.json", "_data_files")
+                 if isinstance(entry, dict)]
+        if bad := [n for n in names if not plain(n)]:
+            raise UsageError(f"cannot read {path} as a datasets.save_to_disk directory: "
+                             f"{(folder / 'state.json').relative_to(path)} names data file {bad[0]!r}, "
+                             "not a file name inside its folder")
 
 
 def _pick_split(path: Path, splits: list[str], split: str | None) -> str:

@@ -68,6 +68,21 @@ def test_split_picks_one_split_of_a_dataset_dict(tmp_path: Path) -> None:
         numbers(InputSpec(str(single), split="train"))
 
 
+def test_a_dataset_folder_cannot_name_files_outside_it(tmp_path: Path) -> None:
+    outside = write_hf_dataset(text_rows(3), tmp_path / "outside")
+    arrow = next(outside.glob("*.arrow"))
+    single = write_hf_dataset(text_rows(2), tmp_path / "single")
+    state = orjson.loads((single / "state.json").read_bytes())
+    state["_data_files"] = [{"filename": f"../outside/{arrow.name}"}]
+    (single / "state.json").write_bytes(orjson.dumps(state))
+    with pytest.raises(UsageError, match=r"state.json names data file '\.\./outside/.*', not a file name inside"):
+        numbers(InputSpec(str(single)))
+    splits = write_hf_dataset_dict(text_rows(4), tmp_path / "dd", train_rows=2)
+    (splits / "dataset_dict.json").write_bytes(orjson.dumps({"splits": ["train", "../outside"]}))
+    with pytest.raises(UsageError, match=r"dataset_dict.json names split '\.\./outside', not a folder name"):
+        numbers(InputSpec(str(splits), split="train"))
+
+
 @pytest.mark.parametrize(
     "path, kind",
     [("a.jsonl", InputKind.JSONL), ("a.NDJSON", InputKind.JSONL), ("a.json", InputKind.JSON),
