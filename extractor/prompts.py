@@ -31,6 +31,11 @@ class PreparedPrompt:
     last (see :mod:`hsx.extractor.regeneration`); empty for one answer or none."""
 
 
+NORMALIZER_SLACK = 4
+"""How many characters a tokenizer's normalizer might fold into one (composing
+accents, say) before a token covers them: the text-length bound allows that many."""
+
+
 class PromptPreparer:
     """Tokenizes text, renders chats with the model's chat template, and enforces
     what the model allows (vocabulary, context length)."""
@@ -39,6 +44,11 @@ class PromptPreparer:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._max_model_len = max_model_len
+        longest = max((len(token) for token in tokenizer.get_vocab()), default=1)
+        self._max_chars = max_model_len * longest * NORMALIZER_SLACK
+        """Text longer than this cannot fit the context: no token covers more
+        than ``longest`` characters. Checked before tokenizing, which takes
+        seconds for megabytes."""
 
     def prepare(self, event: PromptEvent) -> PreparedPrompt:
         """Raises :class:`PromptRejected` with a rule name and a reason."""
@@ -48,7 +58,7 @@ class PromptPreparer:
                                  f"messages.{message}.content part {part} is an image: image prompts do not reach the "
                                  f"engine yet (hsx passes token ids only); {len(event.images)} image(s) in the chat")
         if event.prompt is not None:
-            prepared = PreparedPrompt(self._tokenizer(event.prompt)["input_ids"], None)
+            prepared = PreparedPrompt(self._tokenize(event.prompt)["input_ids"], None)
         elif event.token_ids is not None:
             prepared = PreparedPrompt(list(event.token_ids), None)
             self._check_vocabulary(prepared.token_ids)
@@ -72,7 +82,16 @@ class PromptPreparer:
         return PreparedPrompt(plan.pieces[0], [], plan.pieces[1:])
 
     def _template_ids(self, text: str) -> list[int]:
-        return self._tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self._tokenize(text, add_special_tokens=False)["input_ids"]
+
+    def _tokenize(self, text: str, **options: Any) -> Any:
+        """The tokenizer's encoding of ``text``; :class:`PromptRejected` at once
+        for text too long to fit the context in any tokenization."""
+        if len(text) > self._max_chars:
+            raise PromptRejected(ErrorClass.PROMPT_TOO_LONG,
+                                 f"{len(text):,} characters: more than max_model_len {self._max_model_len} tokens "
+                                 f"can hold (at most {self._max_chars:,} characters with this tokenizer)")
+        return self._tokenizer(text, **options)
 
     def _check_room(self, prepared: PreparedPrompt, generation: Generation | None) -> None:
         """The prompt plus every token the engine may add must fit the context: a
@@ -133,16 +152,24 @@ class PromptPreparer:
             # pre-fill more (Qwen3's empty thought, thinking off) than a past turn shows.
             prompted = self._render(dicts[:i], variables, add_generation_prompt=True) if i else ""
             char_spans.append((max(len(history), len(os.path.commonprefix([prompted, upto]))), len(upto)))
-        encoding = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        encoding = self._tokenize(text, add_special_tokens=False, return_offsets_mapping=True)
         spans = _token_spans(encoding["offset_mapping"], char_spans)
         return PreparedPrompt(encoding["input_ids"], spans)
 
 
 def _token_spans(offsets: list[tuple[int, int]], char_spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Token ranges of the tokens overlapping any character span."""
+    """Token ranges of the tokens overlapping any character span. Both lists are
+    in text order, so one pass over each (a long chat has many of both)."""
     spans: list[tuple[int, int]] = []
+    next_span = 0
     for index, (start, end) in enumerate(offsets):
-        if not any(start < span_end and end > span_start for span_start, span_end in char_spans):
+        while next_span < len(char_spans) and char_spans[next_span][1] <= start:
+            next_span += 1  # spans that end before this token can overlap no later one
+        if next_span == len(char_spans):
+            break
+        # The first span not ended before the token is the only one it can overlap
+        # without overlapping this one too (the spans are disjoint and in order).
+        if not (start < char_spans[next_span][1] and end > char_spans[next_span][0]):
             continue
         if spans and spans[-1][1] == index:
             spans[-1] = (spans[-1][0], index + 1)

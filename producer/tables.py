@@ -110,8 +110,8 @@ def _check_names_stay_inside(path: Path) -> None:
     of each ``state.json`` to the folder and opens what they name: a name that is
     a path (``../../x.arrow``, ``/etc/...``) would read outside the folder. JSON
     of another shape is left to datasets, whose errors say so."""
-    def plain(name: object) -> bool:
-        return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\")
+    def path_like(name: object) -> bool:
+        return isinstance(name, str) and (name in ("", ".", "..") or any(c in name for c in "/\\"))
 
     def listed(file: Path, key: str) -> list[Any]:
         try:
@@ -123,14 +123,14 @@ def _check_names_stay_inside(path: Path) -> None:
     folders = [path]
     splits = listed(path / "dataset_dict.json", "splits")
     if splits:
-        if bad := [s for s in splits if not plain(s)]:
+        if bad := [s for s in splits if path_like(s)]:
             raise UsageError(f"cannot read {path} as a datasets.save_to_disk directory: dataset_dict.json names "
                              f"split {bad[0]!r}, not a folder name inside it")
-        folders = [path / s for s in splits]
+        folders = [path / s for s in splits if isinstance(s, str)]
     for folder in folders:
         names = [entry.get("filename") for entry in listed(folder / "state.json", "_data_files")
                  if isinstance(entry, dict)]
-        if bad := [n for n in names if not plain(n)]:
+        if bad := [n for n in names if path_like(n)]:
             raise UsageError(f"cannot read {path} as a datasets.save_to_disk directory: "
                              f"{(folder / 'state.json').relative_to(path)} names data file {bad[0]!r}, "
                              "not a file name inside its folder")

@@ -56,6 +56,32 @@ def test_model_level_rejections(tokenizer, fields: dict, max_len: int, error_cla
     assert info.value.error_class == error_class and fragment in str(info.value)
 
 
+@pytest.mark.parametrize("fields", [
+    {"prompt": "x" * 900_000},
+    {"messages": [{"role": "user", "content": "y " * 400_000}, {"role": "assistant", "content": "ok"}]},
+    {"messages": [{"role": "user", "content": "z" * 900_000}], "generation": {"max_tokens": 4}},
+])
+def test_text_too_long_for_any_tokenization_is_rejected_before_tokenizing(tokenizer, fields: dict) -> None:  # type: ignore[no-untyped-def]
+    # Megabytes took the tokenizer seconds (and the mask spans a quadratic pass)
+    # before the rejection; no token covers more characters than the longest in the vocabulary.
+    class Untouchable:
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.inner, name)
+
+        def __call__(self, *args: object, **kwargs: object) -> object:
+            raise AssertionError("the tokenizer was called")
+
+    preparer = PromptPreparer(Untouchable(tokenizer), len(tokenizer), 4096)
+    with pytest.raises(PromptRejected) as info:
+        preparer.prepare(event(**fields))
+    longest = max(len(t) for t in tokenizer.get_vocab())
+    assert info.value.error_class == "prompt_too_long"
+    assert f"more than max_model_len 4096 tokens can hold (at most {4096 * longest * 4:,} characters" in str(info.value)
+
+
 def test_template_that_raises_is_a_clear_rejection(tokenizer) -> None:  # type: ignore[no-untyped-def]
     strict = copy.deepcopy(tokenizer)
     strict.chat_template = "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools here') }}{% endif %}{{ m.content }}{% endfor %}"
