@@ -57,14 +57,26 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
 SPECULATORS_PY = ROOT / ".venv-speculators" / "bin" / "python"
-GENERATE = "max_tokens=128"
-EPOCHS = 4
-CURVE_EPOCHS = (1, 2, 4)
-"""The offline arm's checkpoints measured: 25, 50 and 100 % of its training tokens."""
+
+
+@dataclass(frozen=True)
+class Scale:
+    train_prompts: int = 2400
+    eval_prompts: int = 120
+    max_tokens: int = 128
+    """Of every regenerated answer, and of every answer in the evaluation."""
+    epochs: int = 4
+    curve: tuple[int, ...] = (1, 2, 4)
+    """The offline arm's checkpoints measured: 25, 50 and 100 % of its training tokens."""
+
+
+FULL = Scale()
+QUICK = Scale(train_prompts=48, eval_prompts=8, max_tokens=32, epochs=2, curve=(1, 2))
+"""``--quick``: every stage and arm in minutes, a check of the benchmark itself
+(its figures say nothing about drafts)."""
 TRAIN_FLAGS = {
     "--draft-vocab-size": "8192",  # 49,152 in SmolLM2's vocabulary; 8,192 cover nearly every answer token
     "--total-seq-len": "2048",
-    "--epochs": str(EPOCHS),
     "--seed": "0",
     "--num-workers": "1",
     "--log-freq": "10",
@@ -79,6 +91,7 @@ class Work:
     """Where every stage keeps what it made, under one folder."""
 
     root: Path
+    scale: Scale = FULL
 
     @property
     def corpus(self) -> Path:
@@ -103,6 +116,11 @@ class Work:
 
     def figures(self, stage: str) -> Path:
         return self.root / "figures" / f"{stage}.json"
+
+
+def generate(work: Work) -> str:
+    """``hsx run --generate``'s value."""
+    return f"max_tokens={work.scale.max_tokens}"
 
 
 def model_dir() -> Path:
@@ -142,7 +160,7 @@ def corpus(work: Work) -> dict[str, Any]:
     from bench.acceptance_corpus import build
 
     started = time.monotonic()
-    summary = build(work.corpus)
+    summary = build(work.corpus, train_size=work.scale.train_prompts, eval_size=work.scale.eval_prompts)
     return {"acceptance_corpus_s": round(time.monotonic() - started, 1),
             "acceptance_train_prompts": summary["train"]["rows"], "acceptance_eval_prompts": summary["eval"]["rows"],
             "acceptance_train_sources": summary["train"]["sources_used"],
@@ -151,8 +169,8 @@ def corpus(work: Work) -> dict[str, Any]:
 
 def data(work: Work) -> dict[str, Any]:
     seconds = run_logged([hsx_bin(), "run", str(work.corpus / "train.jsonl"), "--model", str(model_dir()),
-                          "--output", str(work.dataset), "--generate", GENERATE], work.log("data"))
-    return {"acceptance_data_s": seconds, "acceptance_generate": GENERATE}
+                          "--output", str(work.dataset), "--generate", generate(work)], work.log("data"))
+    return {"acceptance_data_s": seconds, "acceptance_generate": generate(work)}
 
 
 def export(work: Work) -> dict[str, Any]:
@@ -178,6 +196,7 @@ def arm_flags(work: Work, arm: str) -> dict[str, list[str]]:
         else:
             flags[next(reversed(flags))].append(word)
     flags.update({flag: [value] for flag, value in TRAIN_FLAGS.items()})
+    flags["--epochs"] = [str(work.scale.epochs)]
     flags["--data-path"] = [str(work.export(arm))]
     flags["--save-path"] = [str(work.draft(arm))]
     return flags
@@ -194,7 +213,8 @@ def evaluate(work: Work, name: str, draft: Path) -> dict[str, Any]:
     if not report.exists():  # an evaluation done before a stop is kept
         partial = report.with_suffix(".partial.json")
         seconds = run_logged([hsx_bin(), "eval-draft", str(work.corpus / "eval.jsonl"), "--model", str(model_dir()),
-                              "--draft", str(draft), "--json", str(partial)], work.log(f"eval-{name}"))
+                              "--draft", str(draft), "--max-tokens", str(work.scale.max_tokens), "--json", str(partial)],
+                             work.log(f"eval-{name}"))
         result = json.loads(partial.read_text())
         result["eval_s"] = seconds
         report.write_text(json.dumps(result, indent=2))
@@ -216,7 +236,7 @@ def untrained(work: Work) -> dict[str, Any]:
 def train_arm(work: Work, arm: str) -> dict[str, Any]:
     """Train (resuming speculators' last checkpoint) and measure the final epoch."""
     draft = work.draft(arm)
-    final = draft / str(EPOCHS - 1)
+    final = draft / str(work.scale.epochs - 1)
     figures: dict[str, Any] = {}
     if not (final / "model.safetensors").exists():
         seconds = run_logged([speculators_python(), "-m", "hsx.trainer.speculators_cpu", *train_flags(work, arm)],
@@ -230,10 +250,11 @@ def train_arm(work: Work, arm: str) -> dict[str, Any]:
 def offline(work: Work) -> dict[str, Any]:
     figures = train_arm(work, "offline")
     curve = []
-    for epochs in CURVE_EPOCHS:
-        name = "offline" if epochs == EPOCHS else f"offline_epoch{epochs}"  # the last is the arm's own
-        point = figures if epochs == EPOCHS else evaluate(work, name, work.draft("offline") / str(epochs - 1))
-        curve.append({"tokens_fraction": epochs / EPOCHS, "acceptance_length": point[f"acceptance_{name}_acceptance_length"],
+    last = work.scale.epochs
+    for epochs in work.scale.curve:
+        name = "offline" if epochs == last else f"offline_epoch{epochs}"  # the last is the arm's own
+        point = figures if epochs == last else evaluate(work, name, work.draft("offline") / str(epochs - 1))
+        curve.append({"tokens_fraction": epochs / last, "acceptance_length": point[f"acceptance_{name}_acceptance_length"],
                       "per_position": point[f"acceptance_{name}_per_position"]})
     return {**figures, "acceptance_offline_curve": curve}
 
@@ -284,7 +305,7 @@ def online(work: Work) -> dict[str, Any]:
                       for item in (flag, *flags[flag]))], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
                 figures["acceptance_online_data_s"] = run_logged(
                     [hsx_bin(), "run", str(work.corpus / "train.jsonl"), "--bootstrap", broker.bootstrap,
-                     "--model", str(model_dir()), "--output", str(work.online_dataset), "--generate", GENERATE],
+                     "--model", str(model_dir()), "--output", str(work.online_dataset), "--generate", generate(work)],
                     work.log("data-online"), env=env)
                 if trainer.wait() != 0:
                     sys.exit(f"error: hsx train-draft exited with {trainer.returncode}; see {work.log('train-online')}")
@@ -327,13 +348,17 @@ def ensure(work: Work, stage: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", type=Path, default=ROOT / "out" / "acceptance")
+    parser.add_argument("--work", type=Path, help="where the stages keep what they make "
+                        "(default out/acceptance, or out/acceptance-quick with --quick)")
     parser.add_argument("--only", nargs="+", choices=list(STAGES), default=list(STAGES))
     parser.add_argument("--out", type=Path, help="also write every finished stage's figures here as JSON")
-    parser.add_argument("--quick", action="store_true", help="accepted for python -m bench; ignored (no quick form)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK.train_prompts} training prompts, {QUICK.eval_prompts} to evaluate, answers of "
+                             f"{QUICK.max_tokens} tokens, {QUICK.epochs} epochs: a check of the benchmark (minutes)")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    work = Work(args.work.resolve())
+    work = Work((args.work or ROOT / "out" / ("acceptance-quick" if args.quick else "acceptance")).resolve(),
+                QUICK if args.quick else FULL)
     for stage in args.only:
         ensure(work, stage)
     figures: dict[str, Any] = {}
