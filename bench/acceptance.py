@@ -228,7 +228,7 @@ def evaluate(work: Work, name: str, draft: Path) -> dict[str, Any]:
 def untrained(work: Work) -> dict[str, Any]:
     draft = work.draft("untrained")
     if not (draft / "config.json").exists():
-        run_logged([str(SPECULATORS_PY.with_name("speculators")), "train", *train_flags(work, "offline"),
+        run_logged([str(Path(speculators_python()).with_name("speculators")), "train", *train_flags(work, "offline"),
                     "--dry-run", "--save-path", str(draft)], work.log("untrained"))
     return evaluate(work, "untrained", draft)
 
@@ -297,7 +297,7 @@ def online(work: Work) -> dict[str, Any]:
             started = time.monotonic()
             with work.log("train-online").open("a") as log:
                 trainer = subprocess.Popen([
-                    str(SPECULATORS_PY.with_name("hsx")), "train-draft", "--bootstrap", broker.bootstrap,
+                    str(Path(speculators_python()).with_name("hsx")), "train-draft", "--bootstrap", broker.bootstrap,
                     "--ready-topic", topics.topics().ready, "--group", "acceptance-online",
                     "--dataset", str(work.online_dataset), "--model", str(model_dir()), "--save-path", str(draft),
                     "--steps", "1000000", "--checkpoint-every", "100", "--exit-when-idle", "120",
