@@ -65,34 +65,27 @@ import logging
 import math
 import os
 import signal
-import time
-from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
 import torch.utils.data
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-from hsx.dataset.encoding import read_token_ids
 from hsx.dataset.reader import MissingShard, ShardHandles
 from hsx.dataset.storage import is_object_store, open_storage
 from hsx.runtime.checks import integer, model_dir, number, outside, writable_dir
 from hsx.runtime.errors import ServiceFailed, UsageError
-from hsx.runtime.kafka import ConsumerErrors, consumer_config, ensure_topics
+from hsx.runtime.kafka import ensure_topics
 from hsx.runtime.kafka.admin import add_connect_timeout
 from hsx.runtime.logs import redact_secrets
-from hsx.runtime.recent import RecentKeys
 from hsx.runtime.settings import KafkaSettings, TopicSettings, overrides
 from hsx.schemas import HiddenStatesReady
-from hsx.schemas.training import LossMaskPolicy
-from hsx.trainer.consume import ready_event
 from hsx.trainer.online import ReadyStream
+from hsx.trainer.first_samples import first_samples
+from hsx.trainer.samples import LayerLayout, choose_layers, layer_list
 from hsx.trainer.speculators_cpu import on_cpu
-from hsx.trainer.samples import LayerLayout, TrainingSample, check_trainable, choose_layers, layer_list, loss_mask
+from hsx.trainer.stream_batches import PackedSamples, SpeculatorsBatch, StreamEpochs
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +93,6 @@ STREAM_STATE = "hsx_stream.json"
 """The stream's position (``ReadyStream.state_dict``) in each checkpoint directory."""
 TOKEN_FREQ = "token_freq.pt"
 """speculators' name for the token counts its vocabulary mapping is built from."""
-POLL_S = 0.5
-METADATA_TIMEOUT_S = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -153,200 +144,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="DataLoader workers reading samples (default %(default)s)")
     parser.add_argument("--shuffle-buffer", type=integer(0), default=0, metavar="N",
                         help="samples shuffled within a window of N events (default 0: arrival order)")
-
-
-# --- the first samples: the stream's layout and the draft vocabulary's counts ---------------------
-
-
-@dataclass
-class FirstSamples:
-    """What the first samples of the stream say, read before the draft is built."""
-
-    events: list[HiddenStatesReady] = field(default_factory=list)
-    token_freq: Counter[int] = field(default_factory=Counter)
-    """Tokens under the loss mask, counted as speculators' ``save_token_frequency_distribution`` does."""
-
-
-def first_samples(kafka: KafkaSettings, topic: str, group: str, shards: ShardHandles, count: int,
-                  policy: LossMaskPolicy, idle_timeout: float | None) -> FirstSamples:
-    """The first ``count`` trainable samples from where the job's group stands
-    (the start of the log for a new group), or fewer when ``idle_timeout``
-    passes without a record. Reads each sample's token ids and mask, not its
-    hidden states, and commits nothing: training starts from the same place."""
-    consumer = Consumer(consumer_config(kafka, group))
-    found = FirstSamples()
-    try:
-        try:
-            partitions = consumer.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics[topic].partitions
-            committed = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=METADATA_TIMEOUT_S)
-        except KafkaException as exc:
-            raise ServiceFailed(f"Kafka at {kafka.bootstrap}: {exc.args[0]}") from None
-        consumer.assign([TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
-                         for tp in committed])
-        seen = RecentKeys(100_000)
-        errors = ConsumerErrors("train-draft")
-        last_record = time.monotonic()
-        while len(found.events) < count:
-            message = consumer.poll(POLL_S)
-            if message is None:
-                if idle_timeout is not None and time.monotonic() - last_record >= idle_timeout:
-                    break
-                continue
-            if message.error() is not None:
-                errors.check(message.error())  # raises KafkaFatal; transient ones are counted (librdkafka retries)
-                continue
-            last_record = time.monotonic()
-            try:
-                event = ready_event(message)
-            except ValueError as exc:  # before training starts, the job cannot go on without its samples
-                raise ServiceFailed(str(exc)) from None
-            if not seen.add(event.event_id):
-                continue
-            check_trainable(event)
-            shard = shards.get(event.shard)
-            mask = loss_mask(shard, event, policy).to(torch.bool)
-            if not bool(mask.any()):
-                continue  # the stream skips it too
-            ids, counts = read_token_ids(shard, event)[mask].unique(return_counts=True)
-            found.token_freq.update(dict(zip(ids.tolist(), counts.tolist(), strict=True)))
-            found.events.append(event)
-    finally:
-        consumer.close()
-    return found
-
-
-# --- batches: the stream packed, in speculators' layout ---------------------------------------
-
-
-class PackedSamples(torch.utils.data.IterableDataset[list[TrainingSample]]):
-    """The stream's samples in groups that fill at most ``total_seq_len`` tokens
-    once shifted (EAGLE-3 trains on ``T - 1`` positions of a ``T``-token sample).
-    A sample that does not fit starts the next group, so none is cut, unless
-    it alone is longer than ``total_seq_len`` (speculators' collate cuts it)."""
-
-    def __init__(self, stream: ReadyStream, total_seq_len: int) -> None:
-        self.stream = stream
-        self.total_seq_len = total_seq_len
-
-    def __iter__(self) -> Iterator[list[TrainingSample]]:
-        group: list[TrainingSample] = []
-        tokens = 0
-        for sample in self.stream:
-            shifted = max(sample.num_tokens - 1, 0)
-            if group and tokens + shifted > self.total_seq_len:
-                yield group
-                group, tokens = [], 0
-            group.append(sample)
-            tokens += shifted
-        if group:
-            yield group
-
-
-class SpeculatorsBatch:
-    """speculators' ``CollateFn`` with ``shift_batch``, over samples given as its
-    ``ArrowDataset`` gives them (aux layers side by side, the last slot as the
-    verifier's last hidden state, ``lengths`` and ``position_ids`` as its
-    ``BaseDataset`` adds them). Adds ``positions`` for the commit. Picklable, for
-    DataLoader workers."""
-
-    def __init__(self, total_seq_len: int, hidden_size: int, num_aux: int, dtype: torch.dtype) -> None:
-        from speculators.models.eagle3.data import shift_batch
-        from speculators.train.data import CollateFn
-
-        self.collate = CollateFn(total_seq_len, hidden_size, num_target_layers=num_aux, dtype=dtype,
-                                 preprocess=shift_batch)
-
-    def __call__(self, samples: list[TrainingSample]) -> dict[str, Any]:
-        rows = [{"hidden_states": s.hidden_states[:, :-1].flatten(1), "input_ids": s.input_ids,
-                 "verifier_last_hidden_states": s.hidden_states[:, -1], "loss_mask": s.loss_mask,
-                 "lengths": torch.tensor([s.num_tokens], dtype=torch.long),
-                 "position_ids": torch.arange(s.num_tokens, dtype=torch.long)} for s in samples]
-        return {**self.collate(rows), "positions": [s.position for s in samples]}
-
-
-class _Stop(Exception):
-    """A drain signal arrived while the trainer waited for a batch."""
-
-
-class StreamEpochs:
-    """The stream as speculators' Trainer takes a ``train_loader``: each
-    ``iter()`` is one epoch of at most ``len()`` batches, all drawn from one
-    DataLoader iterator, so the stream goes on across epochs. Takes each batch's
-    ``positions`` out (the model is called with the batch's keys) and keeps
-    them until :meth:`trained` says the step is done."""
-
-    batch_sampler = None  # the Trainer looks for epoch and resume hooks on it; a stream has neither
-
-    def __init__(self, loader: torch.utils.data.DataLoader[Any], steps_per_epoch: int,
-                 max_samples: int | None) -> None:
-        self.loader = loader
-        self.steps_per_epoch = steps_per_epoch
-        self.max_samples = max_samples
-        self.handed_out = 0
-        """Samples in the batches handed to the trainer (the one in its step included)."""
-        self.ended: str | None = None
-        """Why no batch comes any more: the stream went idle, ``max_samples`` were
-        trained on, or a drain was asked for."""
-        self.training_seconds = 0.0
-        """From handing out the first batch to the end of the last step: the steps
-        and the waits for batches between them, not the start or an idle end."""
-        self._stop_asked = False
-        self._batches: Iterator[dict[str, Any]] | None = None
-        self._first_batch_at: float | None = None
-        self._in_step: list[Any] = []
-        self._consumed: list[Any] = []
-        self._fetching = False
-
-    def __len__(self) -> int:
-        return self.steps_per_epoch
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        for _ in range(self.steps_per_epoch):
-            if self._stop_asked:
-                self.ended = "stopped on request"
-            elif self.max_samples is not None and self.handed_out >= self.max_samples:
-                self.ended = "--max-samples reached"
-            if self.ended:
-                return
-            try:
-                self._fetching = True
-                if self._batches is None:
-                    self._batches = iter(self.loader)
-                batch = next(self._batches)
-            except StopIteration:
-                self.ended = "the stream went idle (--exit-when-idle)"
-                return
-            except _Stop:
-                self.ended = "stopped on request"
-                return
-            finally:
-                self._fetching = False
-            self._in_step = batch.pop("positions")
-            self.handed_out += len(self._in_step)
-            if self._first_batch_at is None:
-                self._first_batch_at = time.monotonic()
-            yield batch
-
-    def trained(self) -> None:
-        """The step on the last batch handed out is done (speculators' step callback)."""
-        self._consumed += self._in_step
-        self._in_step = []
-        assert self._first_batch_at is not None  # a step had a batch
-        self.training_seconds = time.monotonic() - self._first_batch_at
-
-    def take_consumed(self) -> list[Any]:
-        """The positions of every sample trained on since the last call."""
-        consumed, self._consumed = self._consumed, []
-        return consumed
-
-    def ask_stop(self, _signum: int, _frame: FrameType | None) -> None:
-        """Signal handler: finish the step in progress, then end; a wait for the
-        next batch is cut short. A second signal acts as if hsx had none."""
-        self._stop_asked = True
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        if self._fetching:
-            raise _Stop
 
 
 # --- speculators' Trainer, online ------------------------------------------------------------
