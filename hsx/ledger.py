@@ -82,18 +82,22 @@ class LedgerFeed:
                 self._errors.check(error)  # raises KafkaFatal; transient ones are counted
                 continue
             try:
-                self._record(message)
+                account(self.ledger, self._topics, message)
             except ValueError as exc:  # ValidationError, UnicodeDecodeError: a record no hsx service wrote
                 self.unreadable += 1
                 log.warning("%s[%s]@%s: not a record hsx accounts for, skipped (%s)", message.topic(),
                             message.partition(), message.offset(), str(exc).splitlines()[0])
 
-    def _record(self, message: Message) -> None:
-        if message.topic() == self._topics.ready:
-            self.ledger.record_ready(HiddenStatesReady.model_validate_json(message.value() or b""))
-        elif message.key():  # the producer's invalid lines have no request id: counted at publishing
-            headers = DlqHeaders.from_kafka(message.headers())
-            self.ledger.record_dead_letter(message.key().decode(), headers.error_class)
-
     def close(self) -> None:
         self._consumer.close()
+
+
+def account(ledger: Ledger, topics: Topics, message: Message) -> None:
+    """Record what one message of the ready or a dead-letter topic says of its
+    request; ``ValueError`` (a ``ValidationError``, a ``UnicodeDecodeError``) for
+    a record no hsx service wrote."""
+    if message.topic() == topics.ready:
+        ledger.record_ready(HiddenStatesReady.model_validate_json(message.value() or b""))
+    elif message.key():  # the producer's invalid lines have no request id: counted at publishing
+        headers = DlqHeaders.from_kafka(message.headers())
+        ledger.record_dead_letter(message.key().decode(), headers.error_class)

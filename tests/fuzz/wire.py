@@ -45,6 +45,7 @@ from hsx.dataset.storage import LocalStorage
 from hsx.extractor.cli import _max_model_len as default_max_model_len
 from hsx.extractor.model_config import text_config
 from hsx.extractor.prompts import PromptPreparer, PromptRejected
+from hsx.ledger import Ledger, account
 from hsx.models import prepare
 from hsx.schemas import (
     DEFAULT_LIMITS,
@@ -63,6 +64,7 @@ from hsx.schemas import (
     RecordKind,
     SourceRef,
     TensorNames,
+    Topics,
     format_validation_error,
     ready_event_id,
     staged_key,
@@ -290,6 +292,22 @@ def ready_event(data: bytes) -> None:
     choose_layers(event.layer_ids)
 
 
+@target("ledger_records", ValueError)
+def ledger_records(data: bytes) -> None:
+    """Records on ``hsx run``'s ledger topics (ready events, then prompt and block
+    dead letters in turn), each accounted for as its ``LedgerFeed`` does: a record
+    it cannot read is skipped (``ValueError``), anything else would stop the run."""
+    topics = Topics()
+    ledger = Ledger(published={"a", "b"})
+    for i, record in enumerate(read_records(data)):
+        topic = (topics.ready, topics.prompts_dlq, topics.blocks_dlq)[i % 3]
+        try:
+            account(ledger, topics, KafkaMessage(topic=topic, partition=0, offset=record.offset, key=record.key,
+                                                 value=record.value, headers=record.headers))
+        except ValueError:
+            continue
+
+
 @target("dlq_headers", ValidationError)
 def dlq_headers(data: bytes) -> None:
     """A dead letter's Kafka headers, as ``hsx run``'s ledger reads them."""
@@ -469,6 +487,14 @@ def _dlq_headers() -> list[bytes]:
     )]
 
 
+def _ledger_records() -> list[bytes]:
+    """A ready event, a prompt's and a block's dead letters, as the services write them."""
+    ready = _ready_events()[0]
+    headers = [DlqHeaders.from_kafka(_read_headers(_Cursor(h))).to_kafka() for h in _dlq_headers()[:2]]
+    return [frame_records([Record(0, b"a", ready, None), Record(1, b"b", b"", headers[0]),
+                           Record(2, b"a", b"", headers[-1])])]
+
+
 def seeds() -> dict[str, list[bytes]]:
     """Seed inputs of every target in this module, from real records (deterministic)."""
     return {
@@ -479,4 +505,5 @@ def seeds() -> dict[str, list[bytes]]:
         "staged_object": _staged_objects(),
         "ready_event": _ready_events(),
         "dlq_headers": _dlq_headers(),
+        "ledger_records": _ledger_records(),
     }
