@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -92,6 +92,25 @@ def ready_event(message: Message) -> HiddenStatesReady:
                          f"{format_validation_error(exc)}") from None
 
 
+def records_until_idle(consumer: Consumer, errors: ConsumerErrors, poll_timeout: float, idle_timeout: float | None,
+                       done: Callable[[], bool] | None = None) -> Iterator[Message]:
+    """The records ``consumer`` polls, until ``idle_timeout`` seconds pass without
+    one (``None``: never) or ``done()`` says so (asked before each poll). Errors
+    go to ``errors``: a fatal one raises, transient ones are counted (librdkafka retries)."""
+    last_record = time.monotonic()
+    while done is None or not done():
+        message = consumer.poll(poll_timeout)
+        if message is None:
+            if idle_timeout is not None and time.monotonic() - last_record >= idle_timeout:
+                return
+            continue
+        if message.error() is not None:
+            errors.check(message.error())
+            continue
+        last_record = time.monotonic()
+        yield message
+
+
 def consume(opts: ConsumeOptions, shards: ShardHandles, progress: Progress, slot: int,
             slots: int) -> Iterator[TrainingSample]:
     """Yield this slot's samples until ``idle_timeout`` passes without a record,
@@ -136,21 +155,10 @@ def _loop(consumer: Consumer, opts: ConsumeOptions, shards: ShardHandles, starts
     seen = RecentKeys(opts.dedupe_window)
     buffer: list[_Pending] = []
     layout: LayerLayout | None = None
-    last_record = time.monotonic()
-    errors = ConsumerErrors("trainer")
     read = dict(origin)
-    while True:
-        if opts.until_end and _caught_up(consumer, opts.topic, read):
-            break
-        message = consumer.poll(opts.poll_timeout)
-        if message is None:
-            if opts.idle_timeout is not None and time.monotonic() - last_record >= opts.idle_timeout:
-                break
-            continue
-        if message.error() is not None:
-            errors.check(message.error())  # raises KafkaFatal; transient ones are counted (librdkafka retries)
-            continue
-        last_record = time.monotonic()
+    caught_up = (lambda: _caught_up(consumer, opts.topic, read)) if opts.until_end else None
+    for message in records_until_idle(consumer, ConsumerErrors("trainer"), opts.poll_timeout, opts.idle_timeout,
+                                      caught_up):
         p, offset = message.partition(), message.offset()
         read[p] = offset + 1
         if offset in skip[p]:  # consumed before the restart

@@ -4,7 +4,6 @@ under their loss masks (the draft vocabulary, as speculators counts an export's)
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -19,7 +18,7 @@ from hsx.runtime.recent import RecentKeys
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady
 from hsx.schemas.training import LossMaskPolicy
-from hsx.trainer.consume import ready_event
+from hsx.trainer.consume import ready_event, records_until_idle
 from hsx.trainer.samples import check_trainable, loss_mask
 
 POLL_S = 0.5
@@ -52,18 +51,8 @@ def first_samples(kafka: KafkaSettings, topic: str, group: str, shards: ShardHan
         consumer.assign([TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
                          for tp in committed])
         seen = RecentKeys(100_000)
-        errors = ConsumerErrors("train-draft")
-        last_record = time.monotonic()
-        while len(found.events) < count:
-            message = consumer.poll(POLL_S)
-            if message is None:
-                if idle_timeout is not None and time.monotonic() - last_record >= idle_timeout:
-                    break
-                continue
-            if message.error() is not None:
-                errors.check(message.error())  # raises KafkaFatal; transient ones are counted (librdkafka retries)
-                continue
-            last_record = time.monotonic()
+        for message in records_until_idle(consumer, ConsumerErrors("train-draft"), POLL_S, idle_timeout,
+                                          lambda: len(found.events) >= count):
             try:
                 event = ready_event(message)
             except ValueError as exc:  # before training starts, the job cannot go on without its samples
