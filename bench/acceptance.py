@@ -31,10 +31,11 @@ Stages, each run once and resumed where it stopped (its figures go to
      beside (a) after one of its four epochs, the same samples and about the
      same steps (the online arm also trains on the 10 % speculators holds out).
 
-    python -m bench.acceptance [--work out/acceptance] [--only STAGE ...] [--out FILE]
+    python -m bench.acceptance [--work DIR] [--only STAGE ...] [--out FILE] [--quick]
 
-``python -m bench --only acceptance`` runs what is left and merges every figure
-into ``bench/results.json`` and ``docs/benchmarks.md``. Training runs at about
+Every finished stage's figures are merged into ``bench/results.json`` and
+``docs/benchmarks.md`` is rendered again (``python -m bench --only acceptance``
+does the same for every stage left). Training runs at about
 500 tokens/s on two cores: an arm takes over an hour, so run them one at a time
 (``--only offline``); ``WORK`` keeps what each stage made, and a new machine
 remakes the data (greedy decoding: the same answers) before training an arm.
@@ -121,6 +122,12 @@ class Work:
 def generate(work: Work) -> str:
     """``hsx run --generate``'s value."""
     return f"max_tokens={work.scale.max_tokens}"
+
+
+def publish(out: Path, doc: Path, figures: dict[str, Any]) -> None:
+    from bench.sink_scale import publish as merge_and_render
+
+    merge_and_render(out, doc, figures)
 
 
 def model_dir() -> Path:
@@ -351,7 +358,10 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="where the stages keep what they make "
                         "(default out/acceptance, or out/acceptance-quick with --quick)")
     parser.add_argument("--only", nargs="+", choices=list(STAGES), default=list(STAGES))
-    parser.add_argument("--out", type=Path, help="also write every finished stage's figures here as JSON")
+    parser.add_argument("--out", type=Path,
+                        help="the results file every finished stage's figures are merged into (default "
+                             "bench/results.json, whose page docs/benchmarks.md is rendered again; with --quick "
+                             "WORK/results.json)")
     parser.add_argument("--quick", action="store_true",
                         help=f"{QUICK.train_prompts} training prompts, {QUICK.eval_prompts} to evaluate, answers of "
                              f"{QUICK.max_tokens} tokens, {QUICK.epochs} epochs: a check of the benchmark (minutes)")
@@ -365,11 +375,9 @@ def main() -> None:
     for stage in STAGES:
         if work.figures(stage).exists():
             figures.update(json.loads(work.figures(stage).read_text()))
-    text = json.dumps(figures, indent=2)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
-
+    out = args.out or (work.root / "results.json" if args.quick else ROOT / "bench" / "results.json")
+    publish(out, ROOT / "docs" / "benchmarks.md", figures)
+    print(f"[acceptance] {len(figures)} figures merged into {out}", flush=True)
 
 if __name__ == "__main__":
     main()
