@@ -218,6 +218,7 @@ def evaluate(work: Work, name: str, draft: Path) -> dict[str, Any]:
     """``hsx eval-draft`` on the evaluation set: the figures under ``acceptance_NAME_``."""
     report = work.root / "eval" / f"{name}.json"
     if not report.exists():  # an evaluation done before a stop is kept
+        report.parent.mkdir(parents=True, exist_ok=True)
         partial = report.with_suffix(".partial.json")
         seconds = run_logged([hsx_bin(), "eval-draft", str(work.corpus / "eval.jsonl"), "--model", str(model_dir()),
                               "--draft", str(draft), "--max-tokens", str(work.scale.max_tokens), "--json", str(partial)],
