@@ -245,11 +245,14 @@ def train_arm(work: Work, arm: str) -> dict[str, Any]:
     """Train (resuming speculators' last checkpoint) and measure the final epoch."""
     draft = work.draft(arm)
     final = draft / str(work.scale.epochs - 1)
-    figures: dict[str, Any] = {}
+    timing = draft / "hsx_train_s.json"
     if not (final / "model.safetensors").exists():
         seconds = run_logged([speculators_python(), "-m", "hsx.trainer.speculators_cpu", *train_flags(work, arm)],
                              work.log(f"train-{arm}"))
-        figures[f"acceptance_{arm}_train_s"] = seconds
+        timing.write_text(json.dumps({"train_s": seconds}))  # a stop before the evaluations keeps it
+    figures: dict[str, Any] = {}
+    if timing.exists():
+        figures[f"acceptance_{arm}_train_s"] = json.loads(timing.read_text())["train_s"]
     state = json.loads((final / "training_state.json").read_text()) if (final / "training_state.json").exists() else {}
     figures[f"acceptance_{arm}_steps"] = state.get("global_step")
     return {**figures, **evaluate(work, arm, final)}
