@@ -255,6 +255,10 @@ def train_arm(work: Work, arm: str) -> dict[str, Any]:
         figures[f"acceptance_{arm}_train_s"] = json.loads(timing.read_text())["train_s"]
     state = json.loads((final / "training_state.json").read_text()) if (final / "training_state.json").exists() else {}
     figures[f"acceptance_{arm}_steps"] = state.get("global_step")
+    if (final / "val_metrics.json").exists():  # speculators' own validation: its held-out 10 % of the rows
+        val = json.loads((final / "val_metrics.json").read_text())
+        figures[f"acceptance_{arm}_val_full_acc"] = [round(val[f"full_acc_{k}_epoch"], 3) for k in range(3)
+                                                     if f"full_acc_{k}_epoch" in val]
     return {**figures, **evaluate(work, arm, final)}
 
 

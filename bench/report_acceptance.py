@@ -85,6 +85,8 @@ ACCEPTANCE: tuple[Block, ...] = (When("acceptance_train_prompts", (
         Table(("training tokens", "acceptance length", "per position"), _curve_rows),
     )),
     Bullets((
+        "speculators' own validation of (a) (its held-out 10 % of the training rows, same domain): full "
+        "accuracy per draft position {acceptance_offline_val_full_acc!s}",
         "generation + capture (`hsx run`): {acceptance_data_s} s; export: {acceptance_export_s} s; "
         "HF reference hidden states: {acceptance_reference_hf_s} s",
         "evaluation, per draft (120 prompts with and without it): {acceptance_offline_eval_s} s",
