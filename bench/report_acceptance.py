@@ -89,7 +89,12 @@ ACCEPTANCE: tuple[Block, ...] = (When("acceptance_train_prompts", (
         "accuracy per draft position {acceptance_offline_val_full_acc!s}",
         "generation + capture (`hsx run`): {acceptance_data_s} s; export: {acceptance_export_s} s; "
         "HF reference hidden states: {acceptance_reference_hf_s} s",
-        "evaluation, per draft (120 prompts with and without it): {acceptance_offline_eval_s} s",
+        "evaluation, per draft (120 prompts with and without it): {acceptance_offline_eval_s} s. Tokens/s are "
+        "of two CPU cores, where the draft's own forward passes cost more than the verifier steps they save, and "
+        "an evaluation may have overlapped another stage's work: read them within a row only",
+        "greedy outputs: the prompts that differ with the draft are the same for the untrained draft (which proposes "
+        "nothing the verifier accepts) as for the trained one, so the verifier's own bfloat16 results differ between "
+        "its speculative and its plain batches; not yet checked in float32",
         "the corpus: train {acceptance_train_sha256!s}, eval {acceptance_eval_sha256!s} (sha256 of the files)",
     )),
     "```bash\n"
