@@ -55,6 +55,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.sink_scale import publish
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
 SPECULATORS_PY = ROOT / ".venv-speculators" / "bin" / "python"
@@ -122,12 +124,6 @@ class Work:
 def generate(work: Work) -> str:
     """``hsx run --generate``'s value."""
     return f"max_tokens={work.scale.max_tokens}"
-
-
-def publish(out: Path, doc: Path, figures: dict[str, Any]) -> None:
-    from bench.sink_scale import publish as merge_and_render
-
-    merge_and_render(out, doc, figures)
 
 
 def model_dir() -> Path:
@@ -384,7 +380,7 @@ def main() -> None:
         if work.figures(stage).exists():
             figures.update(json.loads(work.figures(stage).read_text()))
     out = args.out or (work.root / "results.json" if args.quick else ROOT / "bench" / "results.json")
-    publish(out, ROOT / "docs" / "benchmarks.md", figures)
+    publish(out, ROOT / "docs" / "benchmarks.md", figures)  # merged: other sections' figures stay
     print(f"[acceptance] {len(figures)} figures merged into {out}", flush=True)
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ from hsx.schemas import HiddenStatesReady
 from hsx.trainer.online import ReadyStream
 from hsx.trainer.first_samples import first_samples
 from hsx.trainer.samples import LayerLayout, choose_layers, layer_list
-from hsx.trainer.speculators_cpu import on_cpu
+from hsx.trainer.speculators_cpu import CPU_DEFAULTS, on_cpu
 from hsx.trainer.stream_batches import PackedSamples, SpeculatorsBatch, StreamEpochs
 
 log = logging.getLogger(__name__)
@@ -357,8 +357,10 @@ def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafk
         # speculators keeps token_freq.pt and its cached d2t/t2d mapping in data_path
         "data_path": save, "save_path": save, "total_seq_len": args.total_seq_len,
         "hidden_states_dtype": args.hidden_states_dtype, "lr": args.lr, "num_workers": args.num_workers,
-        "draft_attn_impl": args.draft_attn_impl or ("simple_flex_attention" if accelerated else "sdpa"),
-        "loss_implementation": args.loss_implementation or ("fused" if accelerated else "eager"),
+        "draft_attn_impl": args.draft_attn_impl or ("simple_flex_attention" if accelerated
+                                                     else CPU_DEFAULTS["--draft-attn-impl"]),
+        "loss_implementation": args.loss_implementation or ("fused" if accelerated
+                                                             else CPU_DEFAULTS["--loss-implementation"]),
         "epochs": epochs, "checkpoint_freq": 1, "max_steps": args.steps})
     spec = argparse.Namespace(**cfg.flatten())
     set_seed(spec.seed)
