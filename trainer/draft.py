@@ -225,8 +225,8 @@ def _check_local(args: argparse.Namespace) -> dict[str, Any]:
     config = config.get("text_config", config)
     if not is_object_store(args.dataset):
         dataset = Path(args.dataset)
-        if not dataset.is_dir():
-            raise UsageError(f"--dataset {args.dataset}: no such directory (the sink's --output)")
+        if not dataset.is_dir() and not dataset.parent.is_dir():  # a job may start before the sink makes it
+            raise UsageError(f"--dataset {args.dataset}: no such directory, nor its parent (the sink's --output)")
         outside("--save-path", args.save_path, "--dataset", dataset)
     writable_dir("--save-path", args.save_path)
     vocab = int(config["vocab_size"])
@@ -318,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
     if resumed is not None:
         _check_resumed(save, resumed, topics.ready, args.group, args.draft_vocab_size or int(config["vocab_size"]))
     count_vocab = args.draft_vocab_size is not None and not (save / TOKEN_FREQ).exists()
-    shards = ShardHandles(open_storage(args.dataset))
+    shards = ShardHandles(open_storage(args.dataset, create=True))  # the sink may not have made it yet
     wanted = args.vocab_samples if count_vocab else 1
     log.info("waiting for the first %d sample(s) of %s (%s)", wanted, topics.ready,
              "layout and draft vocabulary" if count_vocab else "layout")

@@ -166,6 +166,7 @@ def test_trains_speculators_draft_online_commits_what_it_trained_and_resumes(
     (["--draft-vocab-size", "5000"], "--draft-vocab-size 5000: more than the verifier's vocabulary (1000)"),
     (["--layers", "1,7"], "--layers 1,7: the verifier has 4 layers, so aux layer ids are 0..3"),
     ([], "needs speculators beside hsx"),  # hsx's own environment (vLLM), where this test runs, lacks it
+    (["--dataset", "/nonexistent/ds"], "--dataset /nonexistent/ds: no such directory, nor its parent"),
 ])
 def test_bad_input_is_one_line_before_anything_starts(tmp_path: Path, tiny: Path, restore_root_logging: None,
                                                       capsys: pytest.CaptureFixture[str], flags: list[str],
@@ -176,3 +177,13 @@ def test_bad_input_is_one_line_before_anything_starts(tmp_path: Path, tiny: Path
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "draft").exists()
+
+
+def test_a_job_may_start_before_the_sink_makes_its_dataset(tmp_path: Path, tiny: Path, restore_root_logging: None,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A dataset folder the sink has not made yet passes the checks (the next one,
+    speculators' absence from this environment, is the one that answers)."""
+    code = cli.main(["train-draft", "--bootstrap", "127.0.0.1:1", "--group", "g", "--dataset",
+                     str(tmp_path / "made-by-the-sink"), "--model", str(tiny), "--save-path", str(tmp_path / "draft"),
+                     "--steps", "1"])
+    assert code == 2 and "needs speculators beside hsx" in capsys.readouterr().err
