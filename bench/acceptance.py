@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from bench.sink_scale import publish
 
@@ -151,9 +151,13 @@ def run_logged(argv: list[str], log: Path, env: dict[str, str] | None = None) ->
     with log.open("a") as out:
         code = subprocess.run(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
     if code != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
-        sys.exit(f"error: exit code {code} from {argv[0]} ...; the end of {log}:\n{tail}")
+        _failed(argv, code, log)
     return round(time.monotonic() - started, 1)
+
+
+def _failed(argv: list[str], code: int, log: Path) -> NoReturn:
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+    sys.exit(f"error: exit code {code} from {argv[0]} ...; the end of {log}:\n{tail}")
 
 
 # -- stages ---------------------------------------------------------------------------------------
@@ -187,9 +191,10 @@ def export(work: Work) -> dict[str, Any]:
             "acceptance_printed_command": printed[-1].removeprefix("train with: ")}
 
 
-def arm_flags(work: Work, arm: str) -> dict[str, list[str]]:
+def arm_flags(work: Work, arm: str, data: str | None = None) -> dict[str, list[str]]:
     """The flags of the command ``hsx export`` printed, :data:`TRAIN_FLAGS` over
-    them, on the arm's export and into the arm's draft folder."""
+    them, on the export of arm ``data`` (default: the arm's own) and into the
+    arm's draft folder."""
     printed = json.loads(work.figures("export").read_text())["acceptance_printed_command"].split()
     assert printed[:2] == ["speculators", "train"], printed
     flags: dict[str, list[str]] = {}
@@ -200,14 +205,14 @@ def arm_flags(work: Work, arm: str) -> dict[str, list[str]]:
             flags[next(reversed(flags))].append(word)
     flags.update({flag: [value] for flag, value in TRAIN_FLAGS.items()})
     flags["--epochs"] = [str(work.scale.epochs)]
-    flags["--data-path"] = [str(work.export(arm))]
+    flags["--data-path"] = [str(work.export(data or arm))]
     flags["--save-path"] = [str(work.draft(arm))]
     return flags
 
 
-def train_flags(work: Work, arm: str) -> list[str]:
+def train_flags(work: Work, arm: str, data: str | None = None) -> list[str]:
     """:func:`arm_flags` as a command line."""
-    return [item for flag, values in arm_flags(work, arm).items() for item in (flag, *values)]
+    return [item for flag, values in arm_flags(work, arm, data).items() for item in (flag, *values)]
 
 
 def evaluate(work: Work, name: str, draft: Path) -> dict[str, Any]:
@@ -232,8 +237,8 @@ def evaluate(work: Work, name: str, draft: Path) -> dict[str, Any]:
 def untrained(work: Work) -> dict[str, Any]:
     draft = work.draft("untrained")
     if not (draft / "config.json").exists():
-        run_logged([str(Path(speculators_python()).with_name("speculators")), "train", *train_flags(work, "offline"),
-                    "--dry-run", "--save-path", str(draft)], work.log("untrained"))
+        run_logged([str(Path(speculators_python()).with_name("speculators")), "train",
+                    *train_flags(work, "untrained", data="offline"), "--dry-run"], work.log("untrained"))
     return evaluate(work, "untrained", draft)
 
 
@@ -289,43 +294,82 @@ def shifted(work: Work) -> dict[str, Any]:
 
 
 def online(work: Work) -> dict[str, Any]:
-    from hsx.local.broker import EmbeddedBroker
-    from hsx.local.topics import fresh_topics
-    from hsx.runtime.settings import KafkaSettings
-
+    """(b): 1. a broker of its own and fresh topics; 2. ``hsx run`` of the training
+    chats into a dataset of its own; 3. once its first samples are indexed (the
+    engine's start on a CPU outlasts ``--exit-when-idle``), ``hsx train-draft``
+    from the ready topic; 4. the trainer stops when the stream has been idle for
+    two minutes after the run ends; 5. its last checkpoint is evaluated."""
     draft = work.draft("online")
-    figures: dict[str, Any] = {}
     if not (draft / "done").exists():
         # The stream lived on the stopped run's broker: a stopped online arm starts over.
         shutil.rmtree(draft, ignore_errors=True)
         shutil.rmtree(work.online_dataset, ignore_errors=True)
-        flags = arm_flags(work, "offline")
-        with EmbeddedBroker() as broker:
-            topics = fresh_topics(KafkaSettings(bootstrap=broker.bootstrap), prefix="acceptance.")
-            env = {**os.environ, **{f"HSX_TOPIC_{name.upper()}": topic
-                                    for name, topic in asdict(topics.topics()).items()}}
-            work.log("train-online").parent.mkdir(parents=True, exist_ok=True)
-            started = time.monotonic()
-            with work.log("train-online").open("a") as log:
-                trainer = subprocess.Popen([
-                    str(Path(speculators_python()).with_name("hsx")), "train-draft", "--bootstrap", broker.bootstrap,
-                    "--ready-topic", topics.topics().ready, "--group", "acceptance-online",
-                    "--dataset", str(work.online_dataset), "--model", str(model_dir()), "--save-path", str(draft),
-                    "--steps", "1000000", "--checkpoint-every", "100", "--exit-when-idle", "120",
-                    *(item for flag in ("--draft-vocab-size", "--total-seq-len", "--hidden-states-dtype", "--seed")
-                      for item in (flag, *flags[flag]))], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-                figures["acceptance_online_data_s"] = run_logged(
-                    [hsx_bin(), "run", str(work.corpus / "train.jsonl"), "--bootstrap", broker.bootstrap,
-                     "--model", str(model_dir()), "--output", str(work.online_dataset), "--generate", generate(work)],
-                    work.log("data-online"), env=env)
-                if trainer.wait() != 0:
-                    sys.exit(f"error: hsx train-draft exited with {trainer.returncode}; see {work.log('train-online')}")
-            figures["acceptance_online_train_s"] = round(time.monotonic() - started, 1)
-        (draft / "done").write_text(json.dumps(figures))
+        (draft / "done").parent.mkdir(parents=True, exist_ok=True)
+        (draft / "done").write_text(json.dumps(_train_online(work)))
     figures = json.loads((draft / "done").read_text())
     final = max((p for p in draft.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
     state = json.loads((final / "training_state.json").read_text())
     return {**figures, "acceptance_online_steps": state.get("global_step"), **evaluate(work, "online", final)}
+
+
+def _train_online(work: Work) -> dict[str, Any]:
+    from hsx.local.broker import EmbeddedBroker
+    from hsx.local.topics import fresh_topics
+    from hsx.runtime.settings import KafkaSettings
+
+    flags = arm_flags(work, "offline")
+    with EmbeddedBroker() as broker:
+        topics = fresh_topics(KafkaSettings(bootstrap=broker.bootstrap), prefix="acceptance.")
+        env = {**os.environ, **{f"HSX_TOPIC_{name.upper()}": topic for name, topic in asdict(topics.topics()).items()}}
+        started = time.monotonic()
+        extraction = Spawned([hsx_bin(), "run", str(work.corpus / "train.jsonl"), "--bootstrap", broker.bootstrap,
+                              "--model", str(model_dir()), "--output", str(work.online_dataset),
+                              "--generate", generate(work)], work.log("data-online"), env)
+        try:
+            while extraction.running() and not any((work.online_dataset / "index").glob("*.json")):
+                time.sleep(2)
+            trainer = Spawned([
+                str(Path(speculators_python()).with_name("hsx")), "train-draft", "--bootstrap", broker.bootstrap,
+                "--ready-topic", topics.topics().ready, "--group", "acceptance-online", "--dataset",
+                str(work.online_dataset), "--model", str(model_dir()), "--save-path", str(work.draft("online")),
+                "--steps", "1000000", "--checkpoint-every", "100", "--exit-when-idle", "120",
+                *(item for flag in ("--draft-vocab-size", "--total-seq-len", "--hidden-states-dtype", "--seed")
+                  for item in (flag, *flags[flag]))], work.log("train-online"), env)
+            try:
+                data_s = extraction.wait()
+                trainer.wait()
+            finally:
+                trainer.stop()
+        finally:
+            extraction.stop()
+    return {"acceptance_online_data_s": data_s, "acceptance_online_train_s": round(time.monotonic() - started, 1)}
+
+
+class Spawned:
+    """A command running beside others, its output appended to a log; as
+    :func:`run_logged`, a failure stops the benchmark, naming the log."""
+
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str]) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        print(f"[acceptance] {' '.join(argv)}  (log: {log})", flush=True)
+        self.argv, self.log, self.started = argv, log, time.monotonic()
+        with log.open("a") as out:
+            self.process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        """Ends it if it still runs (the benchmark stopped on another failure)."""
+        if self.running():
+            self.process.terminate()
+            self.process.wait()
+
+    def wait(self) -> float:
+        """Its wall time in s, once it exits 0."""
+        if self.process.wait() != 0:
+            _failed(self.argv, self.process.returncode, self.log)
+        return round(time.monotonic() - self.started, 1)
 
 
 STAGES: dict[str, tuple[Callable[[Work], dict[str, Any]], tuple[str, ...]]] = {

@@ -44,6 +44,10 @@ def test_every_arm_trains_with_the_printed_command_and_the_same_flags(tmp_path: 
     assert offline["--data-path"] == [str(tmp_path / "export")] and shifted["--data-path"] == [str(tmp_path / "export-shifted")]
     assert {k: v for k, v in offline.items() if k not in ("--data-path", "--save-path")} == \
         {k: v for k, v in shifted.items() if k not in ("--data-path", "--save-path")}
+    untrained = acceptance.train_flags(work, "untrained", data="offline")  # a dry run on (a)'s export
+    assert untrained.count("--save-path") == 1
+    assert untrained[untrained.index("--save-path") + 1] == str(tmp_path / "drafts" / "untrained")
+    assert untrained[untrained.index("--data-path") + 1] == str(tmp_path / "export")
     line = acceptance.train_flags(work, "offline")
     assert line[line.index("--target-layer-ids"):line.index("--target-layer-ids") + 4] == \
         ["--target-layer-ids", "2", "15", "27"]
