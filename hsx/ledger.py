@@ -28,6 +28,10 @@ class Ledger:
     published: set[str] = field(default_factory=set)
     ready: dict[str, HiddenStatesReady] = field(default_factory=dict)
     dead: dict[str, ErrorClass] = field(default_factory=dict)
+    foreign: int = 0
+    """Records on these topics that are not what hsx's services write (topics
+    shared through ``HSX_TOPIC_*`` can hold anyone's): skipped with a warning; a
+    published id they would have accounted for is reported missing."""
 
     def record_ready(self, event: HiddenStatesReady) -> None:
         self.ready.setdefault(event.request_id, event)
@@ -69,10 +73,6 @@ class LedgerFeed:
                                                   **{"session.timeout.ms": 6000}))
         self._consumer.subscribe([topics.ready, topics.prompts_dlq, topics.blocks_dlq])
         self._errors = ConsumerErrors("hsx-run")
-        self.unreadable = 0
-        """Records on these topics that are not what hsx's services write (topics
-        shared through ``HSX_TOPIC_*`` can hold anyone's): skipped with a warning;
-        a published id they would have accounted for is reported missing."""
 
     def poll(self, timeout: float) -> None:
         """Read what has arrived within ``timeout`` seconds."""
@@ -84,7 +84,7 @@ class LedgerFeed:
             try:
                 account(self.ledger, self._topics, message)
             except ValueError as exc:  # ValidationError, UnicodeDecodeError: a record no hsx service wrote
-                self.unreadable += 1
+                self.ledger.foreign += 1
                 log.warning("%s[%s]@%s: not a record hsx accounts for, skipped (%s)", message.topic(),
                             message.partition(), message.offset(), str(exc).splitlines()[0])
 

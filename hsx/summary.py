@@ -62,6 +62,7 @@ class RunReport:
             ("tokens", f"{tokens:,}"),
             ("dead letters", f"{len(ledger.failed)}" + (f" ({by_class})" if by_class else "")),
             ("lost", f"{len(self.lost)}"),
+            *([("records not hsx's, skipped", f"{ledger.foreign}")] if ledger.foreign else []),
             ("hidden-state bytes raw → stored", f"{raw:,} → {stored:,}" + (f" ({raw / stored:.2f}x)" if stored else "")),
             ("transport", f"by reference, staged in {self.payload_store}" if self.payload_store
              else "inline (block records through Kafka)"),

@@ -1,16 +1,20 @@
 """hsx run's ledger feed: a record on its topics that no hsx service wrote (topics
-shared through HSX_TOPIC_*) is skipped with a warning, never the end of the run."""
+shared through HSX_TOPIC_*) is skipped with a warning and counted in the run's
+summary, never the end of the run."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from hsx.ledger import Ledger, LedgerFeed
+from hsx.producer.publisher import PublishSummary
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import DlqHeaders, ErrorClass, Topics
+from hsx.summary import RunReport
 
 
 @dataclass
@@ -61,8 +65,16 @@ def test_records_no_service_wrote_are_skipped_and_the_rest_counted(caplog: pytes
                                            "close": lambda self: None})()
     with caplog.at_level(logging.WARNING, logger="hsx.ledger"):
         feed.poll(0.1)
-    assert feed.unreadable == 4
+    assert ledger.foreign == 4
     assert ledger.failed == {"good": ErrorClass.PROMPT_TOO_LONG} and ledger.missing == {"bad"}
     warnings = [r.getMessage() for r in caplog.records if r.name == "hsx.ledger"]
     assert len(warnings) == 4 and all("not a record hsx accounts for, skipped" in w for w in warnings)
     assert warnings[0].startswith(f"{topics.ready}[0]@7:")
+
+
+def test_the_run_summary_counts_foreign_records_only_when_there_are_any(tmp_path: Path) -> None:
+    def rows(ledger: Ledger) -> dict[str, str]:
+        return dict(RunReport(str(tmp_path), PublishSummary(), ledger, {}, {}, 1.0).rows())
+
+    assert "records not hsx's, skipped" not in rows(Ledger())
+    assert rows(Ledger(foreign=3))["records not hsx's, skipped"] == "3"
