@@ -95,6 +95,9 @@ class Work:
 
     root: Path
     scale: Scale = FULL
+    epochs: int | None = None
+    """Train (c) and (d) for only this many epochs of the schedule's (which still
+    spans all of them), set beside (a)'s checkpoint after as many: ``--epochs``."""
 
     @property
     def corpus(self) -> Path:
@@ -215,8 +218,9 @@ def train_flags(work: Work, arm: str, data: str | None = None) -> list[str]:
     return [item for flag, values in arm_flags(work, arm, data).items() for item in (flag, *values)]
 
 
-def evaluate(work: Work, name: str, draft: Path) -> dict[str, Any]:
-    """``hsx eval-draft`` on the evaluation set: the figures under ``acceptance_NAME_``."""
+def evaluate(work: Work, name: str, draft: Path, key: str | None = None) -> dict[str, Any]:
+    """``hsx eval-draft`` on the evaluation set, kept as ``eval/NAME.json``: the
+    figures under ``acceptance_KEY_`` (default NAME)."""
     report = work.root / "eval" / f"{name}.json"
     if not report.exists():  # an evaluation done before a stop is kept
         report.parent.mkdir(parents=True, exist_ok=True)
@@ -231,7 +235,7 @@ def evaluate(work: Work, name: str, draft: Path) -> dict[str, Any]:
     result = json.loads(report.read_text())
     keys = ("acceptance_length", "per_position", "drafts", "draft_tokens", "accepted_tokens", "outputs_identical",
             "differing_prompts", "tokens_per_s_with_draft", "tokens_per_s_without_draft", "prompts", "eval_s")
-    return {f"acceptance_{name}_{key}": result[key] for key in keys if key in result}
+    return {f"acceptance_{key or name}_{figure}": result[figure] for figure in keys if figure in result}
 
 
 def untrained(work: Work) -> dict[str, Any]:
@@ -242,25 +246,31 @@ def untrained(work: Work) -> dict[str, Any]:
     return evaluate(work, "untrained", draft)
 
 
-def train_arm(work: Work, arm: str) -> dict[str, Any]:
-    """Train (resuming speculators' last checkpoint) and measure the final epoch."""
+def train_arm(work: Work, arm: str, epochs: int | None = None) -> dict[str, Any]:
+    """Train for ``epochs`` of the schedule's epochs (default all; resuming
+    speculators' last checkpoint) and measure that epoch's checkpoint."""
+    epochs = epochs or work.scale.epochs
     draft = work.draft(arm)
-    final = draft / str(work.scale.epochs - 1)
+    checkpoint = draft / str(epochs - 1)
     timing = draft / "hsx_train_s.json"
-    if not (final / "model.safetensors").exists():
-        seconds = run_logged([speculators_python(), "-m", "hsx.trainer.speculators_cpu", *train_flags(work, arm)],
-                             work.log(f"train-{arm}"))
-        timing.write_text(json.dumps({"train_s": seconds}))  # a stop before the evaluations keeps it
-    figures: dict[str, Any] = {}
-    if timing.exists():
-        figures[f"acceptance_{arm}_train_s"] = json.loads(timing.read_text())["train_s"]
-    state = json.loads((final / "training_state.json").read_text()) if (final / "training_state.json").exists() else {}
-    figures[f"acceptance_{arm}_steps"] = state.get("global_step")
-    if (final / "val_metrics.json").exists():  # speculators' own validation: its held-out 10 % of the rows
-        val = json.loads((final / "val_metrics.json").read_text())
-        figures[f"acceptance_{arm}_val_full_acc"] = [round(val[f"full_acc_{k}_epoch"], 3) for k in range(3)
-                                                     if f"full_acc_{k}_epoch" in val]
-    return {**figures, **evaluate(work, arm, final)}
+    trained = json.loads(timing.read_text())["train_s"] if timing.exists() else 0.0
+    if not (checkpoint / "val_metrics.json").exists():  # written last, after speculators' validation
+        training = Spawned([speculators_python(), "-m", "hsx.trainer.speculators_cpu", *train_flags(work, arm)],
+                           work.log(f"train-{arm}"), dict(os.environ))
+        while training.running() and not (checkpoint / "val_metrics.json").exists():
+            time.sleep(5)
+        if training.running():
+            training.stop()  # the epochs asked for are done; the schedule spanned them all
+        trained += training.wait()
+        timing.write_text(json.dumps({"train_s": round(trained, 1)}))  # a stop before the evaluations keeps it
+    state = json.loads((checkpoint / "training_state.json").read_text())
+    figures: dict[str, Any] = {f"acceptance_{arm}_epochs": epochs, f"acceptance_{arm}_steps": state["global_step"],
+                               f"acceptance_{arm}_train_s": trained}
+    val = json.loads((checkpoint / "val_metrics.json").read_text())  # speculators' own: its held-out 10 % of the rows
+    figures[f"acceptance_{arm}_val_full_acc"] = [round(val[f"full_acc_{k}_epoch"], 3) for k in range(3)
+                                                 if f"full_acc_{k}_epoch" in val]
+    name = arm if epochs == work.scale.epochs else f"{arm}_epoch{epochs}"
+    return {**figures, **evaluate(work, name, checkpoint, key=arm)}
 
 
 def offline(work: Work) -> dict[str, Any]:
@@ -282,7 +292,7 @@ def reference(work: Work) -> dict[str, Any]:
     if not (work.export("reference") / "hsx_export.json").exists():
         write_reference_export(work.export(), work.export("reference"), model_dir())
     made = round(time.monotonic() - started, 1)
-    return {"acceptance_reference_hf_s": made, **train_arm(work, "reference")}
+    return {"acceptance_reference_hf_s": made, **train_arm(work, "reference", work.epochs)}
 
 
 def shifted(work: Work) -> dict[str, Any]:
@@ -290,7 +300,7 @@ def shifted(work: Work) -> dict[str, Any]:
 
     if not (work.export("shifted") / "hsx_export.json").exists():
         write_shifted_export(work.export(), work.export("shifted"))
-    return train_arm(work, "shifted")
+    return train_arm(work, "shifted", work.epochs)
 
 
 def online(work: Work) -> dict[str, Any]:
@@ -352,7 +362,7 @@ class Spawned:
     def __init__(self, argv: list[str], log: Path, env: dict[str, str]) -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
         print(f"[acceptance] {' '.join(argv)}  (log: {log})", flush=True)
-        self.argv, self.log, self.started = argv, log, time.monotonic()
+        self.argv, self.log, self.started, self.stopped = argv, log, time.monotonic(), False
         with log.open("a") as out:
             self.process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
 
@@ -360,14 +370,15 @@ class Spawned:
         return self.process.poll() is None
 
     def stop(self) -> None:
-        """Ends it if it still runs (the benchmark stopped on another failure)."""
+        """Ends it if it still runs: its work is done, or another failure stopped the benchmark."""
         if self.running():
+            self.stopped = True
             self.process.terminate()
             self.process.wait()
 
     def wait(self) -> float:
-        """Its wall time in s, once it exits 0."""
-        if self.process.wait() != 0:
+        """Its wall time in s, once it exits 0 (or was stopped)."""
+        if self.process.wait() != 0 and not self.stopped:
             _failed(self.argv, self.process.returncode, self.log)
         return round(time.monotonic() - self.started, 1)
 
@@ -383,6 +394,8 @@ STAGES: dict[str, tuple[Callable[[Work], dict[str, Any]], tuple[str, ...]]] = {
     "online": (online, ("export",)),
 }
 """Each stage, and the stages it needs done first."""
+EPOCH_ARMS = ("reference", "shifted")
+"""The arms ``--epochs`` may stop early (training again resumes their last checkpoint)."""
 
 
 def ensure(work: Work, stage: str) -> dict[str, Any]:
@@ -390,7 +403,10 @@ def ensure(work: Work, stage: str) -> dict[str, Any]:
     what it needs) and record them."""
     done = work.figures(stage)
     if done.exists():
-        return json.loads(done.read_text())
+        figures = json.loads(done.read_text())
+        trained = figures.get(f"acceptance_{stage}_epochs", work.scale.epochs)  # recorded since --epochs exists
+        if stage not in EPOCH_ARMS or trained == (work.epochs or work.scale.epochs):
+            return figures
     run, needs = STAGES[stage]
     for need in needs:
         ensure(work, need)
@@ -410,13 +426,20 @@ def main() -> None:
                         help="the results file every finished stage's figures are merged into (default "
                              "bench/results.json, whose page docs/benchmarks.md is rendered again; with --quick "
                              "WORK/results.json)")
+    parser.add_argument("--epochs", type=int, metavar="N",
+                        help="train (c) reference and (d) shifted for only N epochs of their schedule (which "
+                             "still spans all of them) and set them beside (a) after N epochs; a later run "
+                             "without it trains them on from there")
     parser.add_argument("--quick", action="store_true",
                         help=f"{QUICK.train_prompts} training prompts, {QUICK.eval_prompts} to evaluate, answers of "
                              f"{QUICK.max_tokens} tokens, {QUICK.epochs} epochs: a check of the benchmark (minutes)")
     args = parser.parse_args()
+    scale = QUICK if args.quick else FULL
+    if args.epochs is not None and not 1 <= args.epochs <= scale.epochs:
+        parser.error(f"--epochs {args.epochs}: the schedule has {scale.epochs} epochs")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     work = Work((args.work or ROOT / "out" / ("acceptance-quick" if args.quick else "acceptance")).resolve(),
-                QUICK if args.quick else FULL)
+                scale, args.epochs)
     for stage in args.only:
         ensure(work, stage)
     figures: dict[str, Any] = {}

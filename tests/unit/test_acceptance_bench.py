@@ -53,15 +53,21 @@ def test_every_arm_trains_with_the_printed_command_and_the_same_flags(tmp_path: 
         ["--target-layer-ids", "2", "15", "27"]
 
 
-def test_the_page_shows_arms_run_and_not_run() -> None:
+def test_the_page_shows_arms_run_and_not_run_and_compares_arms_after_as_many_epochs() -> None:
     results = {"acceptance_train_prompts": 2400, "acceptance_offline_acceptance_length": 1.9,
+               "acceptance_offline_epochs": 4, "acceptance_offline_epoch1_acceptance_length": 1.5,
                "acceptance_offline_per_position": [0.5, 0.25, 0.15], "acceptance_offline_outputs_identical": True,
                "acceptance_shifted_acceptance_length": 1.2, "acceptance_shifted_per_position": [0.15, 0.04, 0.01],
+               "acceptance_shifted_epochs": 4, "acceptance_reference_epochs": 1,
+               "acceptance_reference_acceptance_length": 1.52, "acceptance_reference_per_position": [0.4, 0.1, 0.02],
+               "acceptance_reference_outputs_identical": True,
                "acceptance_shifted_outputs_identical": False, "acceptance_shifted_differing_prompts": ["a", "b"]}
     page = report.render(results)
     section = page[page.index("## Drafts trained"):]
-    assert "| (a) offline: `hsx export` + speculators' `train` | 1.900 | 0.500 / 0.250 / 0.150 |" in section
-    assert "| (c) reference: HF transformers' hidden states, same rows | not run yet |" in section
+    assert "| (a) offline: `hsx export` + speculators' `train` | 4 | 1.900 | 0.500 / 0.250 / 0.150 |" in section
+    assert "| (c) reference: HF transformers' hidden states, same rows | 1 | 1.520 |" in section
+    assert "| (b) online: `hsx train-draft` while `hsx run` extracts, one pass | not run yet |" in section
     assert "**no**: 2 prompts" in section
-    assert "| (a) − (d) shifted control | 0.700 | at least 0.5 | yes |" in section
+    assert "| (a) − (c) reference, after as many epochs | -0.020 | within 0.05 | yes |" in section  # beside epoch 1
+    assert "| (a) − (d) shifted control, after as many epochs | 0.700 | at least 0.5 | yes |" in section
     assert "| mean acceptance length, (a) | 1.900 | ≥ 2.0 | **no** |" in section
