@@ -5,6 +5,7 @@ dataset and the online loader, so that all three hand a trainer the same rows.""
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,8 @@ from hsx.dataset.safetensors_io import prefetch
 from hsx.schemas import HiddenStatesReady
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.schemas.training import LossMaskPolicy
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,10 @@ def choose_layers(stored: Sequence[int], aux: Sequence[int] | None = None) -> La
     if ordered[-1] in picked:
         raise ValueError(f"--layers {','.join(map(str, picked))}: {ordered[-1]} is the verifier's last layer, "
                          "always the last slot; list only aux layers")
+    if list(picked) != sorted(picked):
+        log.warning("--layers %s: not ascending; vLLM hands an EAGLE-3 draft its aux hidden states in layer order, "
+                    "so a draft trained in this order would see them in another when served",
+                    ",".join(map(str, picked)))
     return LayerLayout(stored=ordered, aux=picked)
 
 

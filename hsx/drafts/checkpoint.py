@@ -62,6 +62,10 @@ def read_draft(flag: str, value: str | Path) -> DraftCheckpoint:
     aux = config.get("eagle_aux_hidden_state_layer_ids")
     if aux is not None and not (isinstance(aux, list) and aux and all(_count(i, 0) for i in aux)):
         raise UsageError(f"{flag} {value}: eagle_aux_hidden_state_layer_ids must be a list of layer ids, got {aux!r}")
+    if aux is not None and aux != sorted(aux):
+        raise UsageError(f"{flag} {value}: eagle_aux_hidden_state_layer_ids {aux} are not ascending: vLLM hands a "
+                         "draft the verifier's aux hidden states in layer order, so this draft would see them in "
+                         "another order than it was trained on; train it with ascending layer ids")
     target = config.get("target_hidden_size")
     verifier = _nested(config, "speculators_config", "verifier", "name_or_path")
     return DraftCheckpoint(

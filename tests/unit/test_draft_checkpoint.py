@@ -57,6 +57,12 @@ def test_what_is_not_a_draft_is_one_line(tmp_path: Path, make, phrase: str) -> N
     assert phrase in str(info.value) and str(info.value).startswith("--draft ")
 
 
+def test_aux_layers_out_of_layer_order_are_refused(tmp_path: Path) -> None:
+    """vLLM hands a draft the aux hidden states in layer order, not the config's."""
+    with pytest.raises(UsageError, match=r"eagle_aux_hidden_state_layer_ids \[3, 1, 2\] are not ascending: vLLM"):
+        read_draft("--draft", write_draft(tmp_path / "d", aux=[3, 1, 2]))
+
+
 def test_a_damaged_weights_file_is_one_line(tmp_path: Path) -> None:
     path = write_draft(tmp_path / "d")
     (path / "model.safetensors").write_bytes(b"\xff" * 64)

@@ -5,6 +5,7 @@ speculators export's options."""
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 from pathlib import Path
 
@@ -68,6 +69,15 @@ def test_loss_mask_none_drops_plain_text(dataset: Path) -> None:
 def test_bad_layer_choices_are_one_line(aux: list[int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         choose_layers([1, 2, 3, 4], aux)
+
+
+def test_aux_layers_out_of_layer_order_are_warned_of(caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM feeds a draft its aux hidden states in layer order: a draft trained
+    on another order would see them permuted when served."""
+    with caplog.at_level(logging.WARNING, logger="hsx.trainer.samples"):
+        assert choose_layers([1, 2, 3, 4], [3, 1]).aux == (3, 1)
+        choose_layers([1, 2, 3, 4], [1, 3])
+    assert [r.getMessage().split(";")[0] for r in caplog.records] == ["--layers 3,1: not ascending"]
 
 
 def test_an_unknown_storage_scheme_is_refused(tmp_path: Path) -> None:
