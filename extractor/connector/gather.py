@@ -86,11 +86,10 @@ class PinnedPool:
 
     def take(self, numel: int) -> torch.Tensor:
         with self._lock:
-            fitting = [b for b in self._free if b.numel() >= numel]
+            # By index: list.remove would compare tensors with ==, element by element.
+            fitting = [i for i, b in enumerate(self._free) if b.numel() >= numel]
             if fitting:
-                buffer = min(fitting, key=torch.Tensor.numel)
-                self._free.remove(buffer)
-                return buffer
+                return self._free.pop(min(fitting, key=lambda i: self._free[i].numel()))
         # Round up so that slightly longer requests reuse the buffer later.
         return torch.empty(1 << max(numel - 1, 1).bit_length(), dtype=self._dtype, pin_memory=True)
 

@@ -55,3 +55,18 @@ def test_imports_without_vllm() -> None:
             "import bench.gpu_check, hsx.extractor.connector.gather, hsx.extractor.connector.fp8\n"
             "assert sys.modules['vllm'] is None")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+
+
+def test_the_pinned_pool_hands_out_the_smallest_fitting_buffer() -> None:
+    # Found by gpu_check on an H200: the pool removed a buffer with list.remove,
+    # which compares tensors element by element and fails on buffers of other sizes.
+    from hsx.extractor.connector.gather import PinnedPool
+
+    pool = PinnedPool(torch.uint8)
+    small, large, larger = torch.empty(8, dtype=torch.uint8), torch.empty(64, dtype=torch.uint8), \
+        torch.empty(128, dtype=torch.uint8)
+    for buffer in (small, larger, large):
+        pool.give_back(buffer)
+    assert pool.take(40) is large
+    assert pool.take(40) is larger
+    assert pool.take(8) is small
