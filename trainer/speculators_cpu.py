@@ -10,9 +10,12 @@ speculators (0.9) is built for CUDA. On a CPU its ``Trainer``
 3. has its checkpointer load onto ``get_current_device()``, ``cuda:0`` without
    one: here onto the CPU.
 
-Its defaults then need two flags: ``--draft-attn-impl sdpa`` (flex attention
-has no CPU backward) and ``--loss-implementation eager`` (the fused loss needs
-Triton); :func:`main` adds them when they are not given.
+Its defaults then need three flags: ``--draft-attn-impl sdpa`` (flex attention
+has no CPU backward), ``--loss-implementation eager`` (the fused loss needs
+Triton) and ``--num-workers 1`` (its 12 data-loader workers, each a spawned
+process importing torch, took a two-core machine minutes before the first step,
+and the step, not the loading, is what a CPU waits for); :func:`main` adds them
+when they are not given.
 
 Offline training on an export (``hsx export --format speculators``), on a CPU::
 
@@ -32,7 +35,7 @@ from collections.abc import Iterator
 
 import torch
 
-CPU_DEFAULTS = {"--draft-attn-impl": "sdpa", "--loss-implementation": "eager"}
+CPU_DEFAULTS = {"--draft-attn-impl": "sdpa", "--loss-implementation": "eager", "--num-workers": "1"}
 """speculators' flags whose defaults need an accelerator, and what a CPU takes."""
 
 
