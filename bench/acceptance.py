@@ -27,7 +27,8 @@ Stages, each run once and resumed where it stopped (its figures go to
      position later (position t holds t-1's): the metric must see a data error;
    - ``online``: (b) ``hsx train-draft`` reading ``hidden_states.ready`` while a
      second ``hsx run`` of the same prompts (greedy: the same answers) extracts,
-     on a broker of its own: one pass over the stream, no export. It is set
+     on a broker of its own: one pass over the stream, no export, with its
+     learning rate on (a)'s schedule (``--steps`` of (a)'s steps). It is set
      beside (a) after one of its four epochs, the same samples and about the
      same steps (the online arm also trains on the 10 % speculators holds out).
 
@@ -328,6 +329,9 @@ def _train_online(work: Work) -> dict[str, Any]:
     from hsx.runtime.settings import KafkaSettings
 
     flags = arm_flags(work, "offline")
+    # (a)'s schedule: its learning rate warms up over 1 % of these steps and decays over the rest, so
+    # after one pass the online draft stands where (a) stood after one of its epochs.
+    steps = json.loads(work.figures("offline").read_text())["acceptance_offline_steps"]
     with EmbeddedBroker() as broker:
         topics = fresh_topics(KafkaSettings(bootstrap=broker.bootstrap), prefix="acceptance.")
         env = {**os.environ, **{f"HSX_TOPIC_{name.upper()}": topic for name, topic in asdict(topics.topics()).items()}}
@@ -342,7 +346,7 @@ def _train_online(work: Work) -> dict[str, Any]:
                 str(Path(speculators_python()).with_name("hsx")), "train-draft", "--bootstrap", broker.bootstrap,
                 "--ready-topic", topics.topics().ready, "--group", "acceptance-online", "--dataset",
                 str(work.online_dataset), "--model", str(model_dir()), "--save-path", str(work.draft("online")),
-                "--steps", "1000000", "--checkpoint-every", "100", "--exit-when-idle", "120",
+                "--steps", str(steps), "--checkpoint-every", "100", "--exit-when-idle", "120",
                 *(item for flag in ("--draft-vocab-size", "--total-seq-len", "--hidden-states-dtype", "--seed")
                   for item in (flag, *flags[flag]))], work.log("train-online"), env)
             try:
@@ -391,7 +395,7 @@ STAGES: dict[str, tuple[Callable[[Work], dict[str, Any]], tuple[str, ...]]] = {
     "offline": (offline, ("export",)),
     "reference": (reference, ("export",)),
     "shifted": (shifted, ("export",)),
-    "online": (online, ("export",)),
+    "online": (online, ("offline",)),
 }
 """Each stage, and the stages it needs done first."""
 EPOCH_ARMS = ("reference", "shifted")

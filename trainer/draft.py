@@ -420,4 +420,8 @@ def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafk
     print(f"train-draft: {steps} steps on {epochs_view.handed_out} samples in {seconds:.1f}s "
           f"({seconds / steps:.2f} s/step), loss {steps_log.losses[0]:.4f} -> {steps_log.losses[-1]:.4f}; "
           f"{why}; step {trainer.global_step}, checkpoint {trainer.saved}")
+    if trainer.global_step < args.steps:  # warm-up and decay were laid out over --steps
+        log.warning("the learning rate's schedule spans --steps %d and training stopped at step %d (%.0f %%): for a "
+                    "draft trained to the end of its schedule, give --steps about the steps the stream makes",
+                    args.steps, trainer.global_step, 100 * trainer.global_step / args.steps)
     return 0
