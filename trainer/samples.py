@@ -19,6 +19,9 @@ from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.schemas.training import LossMaskPolicy
 
 log = logging.getLogger(__name__)
+SERVED_AUX_LAYERS = 3
+"""Aux layers of a draft vLLM can serve from a speculators checkpoint (see
+:attr:`hsx.drafts.checkpoint.DraftCheckpoint.served_aux_count`)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,10 @@ def choose_layers(stored: Sequence[int], aux: Sequence[int] | None = None) -> La
         log.warning("--layers %s: not ascending; vLLM hands an EAGLE-3 draft its aux hidden states in layer order, "
                     "so a draft trained in this order would see them in another when served",
                     ",".join(map(str, picked)))
+    if len(picked) != SERVED_AUX_LAYERS:
+        log.warning("--layers %s: %d aux layers; vLLM loads a speculators EAGLE-3 draft with %d only (it sizes the "
+                    "draft's input for %d unless its model config says otherwise)", ",".join(map(str, picked)),
+                    len(picked), SERVED_AUX_LAYERS, SERVED_AUX_LAYERS)
     return LayerLayout(stored=ordered, aux=picked)
 
 

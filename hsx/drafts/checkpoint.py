@@ -34,6 +34,13 @@ class DraftCheckpoint:
     verifier: str | None
     """The verifier's name or path as the checkpoint records it (informational)."""
     fc_shape: tuple[int, ...] | None
+    served_aux_count: int
+    """How many aux hidden states vLLM builds the draft's input projection for:
+    ``num_aux_hidden_states``, else the length of ``eagle_config``'s layer ids,
+    else 3, read from the ``transformer_layer_config`` its speculators-format
+    loader starts from. vLLM (0.32) does not count the top-level
+    ``eagle_aux_hidden_state_layer_ids`` that speculators writes, so a speculators
+    draft with other than 3 aux layers does not load there."""
 
 
 def read_draft(flag: str, value: str | Path) -> DraftCheckpoint:
@@ -71,7 +78,8 @@ def read_draft(flag: str, value: str | Path) -> DraftCheckpoint:
     return DraftCheckpoint(
         path=path, aux_layer_ids=aux, target_hidden_size=target if _count(target) else layer["hidden_size"],
         vocab_size=layer["vocab_size"], draft_vocab_size=config.get("draft_vocab_size") or layer["vocab_size"],
-        verifier=verifier if isinstance(verifier, str) else None, fc_shape=_fc_shape(flag, weights))
+        verifier=verifier if isinstance(verifier, str) else None, fc_shape=_fc_shape(flag, weights),
+        served_aux_count=_served_aux_count(layer))
 
 
 def check_verifier(flag: str, draft: DraftCheckpoint, verifier: Any) -> None:
@@ -86,12 +94,25 @@ def check_verifier(flag: str, draft: DraftCheckpoint, verifier: Any) -> None:
     layers = verifier.num_hidden_layers
     if draft.aux_layer_ids is not None and max(draft.aux_layer_ids) >= layers:
         problems.append(f"its aux layer ids {draft.aux_layer_ids} go past the model's {layers} layers (0..{layers - 1})")
-    aux_count = len(draft.aux_layer_ids) if draft.aux_layer_ids is not None else 3  # vLLM's default: 3 layers
-    if draft.fc_shape is not None and draft.fc_shape[-1] != aux_count * verifier.hidden_size:
-        problems.append(f"its {FC} takes {draft.fc_shape[-1]} inputs, not {aux_count} layers x {verifier.hidden_size}")
+    served = draft.served_aux_count * verifier.hidden_size
+    if draft.fc_shape is not None and draft.fc_shape[-1] != served:
+        problems.append(f"its {FC} takes {draft.fc_shape[-1]} inputs; vLLM builds it for {served} "
+                        f"({draft.served_aux_count} aux layers x {verifier.hidden_size}: the count it reads from "
+                        "num_aux_hidden_states or eagle_config, 3 when neither is set, as in speculators' checkpoints)")
     if problems:
         built_for = f" (built for {draft.verifier})" if draft.verifier else ""
         raise UsageError(f"{flag} {draft.path} is not a draft for this model{built_for}: " + "; ".join(problems))
+
+
+def _served_aux_count(config: dict[str, Any]) -> int:
+    """vLLM's rule (``llama_eagle3``) on the draft's model config:
+    ``num_aux_hidden_states``, else the length of
+    ``eagle_config.eagle_aux_hidden_state_layer_ids``, else 3."""
+    count = config.get("num_aux_hidden_states")
+    if _count(count):
+        return int(count)  # type: ignore[arg-type]
+    ids = _nested(config, "eagle_config", "eagle_aux_hidden_state_layer_ids")
+    return len(ids) if isinstance(ids, list) and ids else 3
 
 
 def _fc_shape(flag: str, weights: list[Path]) -> tuple[int, ...] | None:

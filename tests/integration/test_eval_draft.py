@@ -1,7 +1,9 @@
 """``hsx eval-draft`` from a plain shell, on a real engine: the tiny verifier with
-an untrained EAGLE-3 draft (speculators' own dry-run checkpoint). The report's
-counts come from vLLM's counters and must agree with each other; greedy outputs
-must not change with the draft."""
+an EAGLE-3 draft that speculators' own train (through hsx.trainer.speculators_cpu)
+trained for an epoch on an ``hsx export``, with a reduced draft vocabulary (so
+vLLM maps its tokens through the checkpoint's d2t). The report's counts come from
+vLLM's counters and must agree with each other; greedy outputs must not change
+with the draft."""
 
 from __future__ import annotations
 
@@ -14,27 +16,28 @@ from pathlib import Path
 import pytest
 
 from hsx import models
-from tests.integration.test_speculators import SPECULATORS_PY
+from tests.integration.test_speculators import SPECULATORS_PY, run_speculators, tiny_train_flags
 from tests.unit.input_files import write_jsonl
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 K = 3
+DRAFT_VOCAB = 200  # of tiny-llama's 1,000 tokens: tiny_train_flags' --draft-vocab-size
 
 
-def test_eval_draft_reports_consistent_counts_and_identical_outputs(tmp_path: Path) -> None:
-    tiny = models.prepare(names=["tiny-llama"])["tiny-llama"]
-    draft = tmp_path / "draft"
-    made = subprocess.run([str(SPECULATORS_PY.with_name("speculators")), "train", "--speculator-type", "eagle3",
-                           "--verifier-name-or-path", str(tiny), "--target-layer-ids", "1", "2", "3", "--dry-run",
-                           "--save-path", str(draft), "--data-path", str(tmp_path / "unused")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
-    assert made.returncode == 0, made.stderr[-3000:]
+def test_eval_draft_reports_consistent_counts_and_identical_outputs(tmp_path: Path, cache_dir: Path) -> None:
+    tiny = models.prepare(cache_dir, names=["tiny-llama"])["tiny-llama"]
+    flags = tiny_train_flags(tmp_path, cache_dir, layers=[1, 2, 3])  # as vLLM serves them: 3, ascending
+    run_speculators([str(SPECULATORS_PY), "-m", "hsx.trainer.speculators_cpu", *flags, "--epochs", "1",
+                     "--save-path", str(tmp_path / "trained")], tmp_path)
+    draft = tmp_path / "trained" / "0"
+    assert json.loads((draft / "config.json").read_text())["draft_vocab_size"] == DRAFT_VOCAB
     prompts = write_jsonl([{"request_id": "text", "prompt": "The capital of France is"},
                            {"request_id": "chat", "messages": [{"role": "user", "content": "Tell me a story."}]},
                            {"request_id": "ids", "token_ids": [5, 17, 300, 41]}], tmp_path / "prompts.jsonl")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "HSX_")) or k == models.CACHE_DIR_ENV}
     report_file = tmp_path / "report.json"
-    run = subprocess.run([str(Path(sys.executable).with_name("hsx")), "eval-draft", str(prompts), "--model", str(tiny), "--draft", str(draft), "--max-tokens", "12",
+    run = subprocess.run([str(Path(sys.executable).with_name("hsx")), "eval-draft", str(prompts), "--model", str(tiny),
+                          "--draft", str(draft), "--max-tokens", "12",
                           "--num-speculative-tokens", str(K), "--enforce-eager", "--json", str(report_file)],
                          env=env, capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -77,8 +77,13 @@ def test_token_freq_equals_speculators(side_by_side: tuple[Path, Path, Path]) ->
 
 @pytest.fixture
 def printed_command(tmp_path: Path, cache_dir: Path) -> list[str]:
+    return tiny_train_flags(tmp_path, cache_dir)
+
+
+def tiny_train_flags(tmp_path: Path, cache_dir: Path, layers: list[int] = AUX) -> list[str]:
     """The flags of the ``speculators train`` command ``hsx export`` prints for
-    an export of tiny-llama-shaped samples, with a small draft vocabulary."""
+    an export (of aux ``layers``) of tiny-llama-shaped samples, with a small
+    draft vocabulary."""
     from hsx import models
     from hsx.trainer.export import train_command
 
@@ -86,14 +91,14 @@ def printed_command(tmp_path: Path, cache_dir: Path) -> list[str]:
     config = json.loads((tiny / "config.json").read_text())
     write_training_dataset(tmp_path / "ds", TrainingDataSpec(
         samples=12, hidden_size=config["hidden_size"], vocab=config["vocab_size"], model=str(tiny)))
-    metadata = export_speculators(tmp_path / "ds", tmp_path / "export", layers=AUX)
+    metadata = export_speculators(tmp_path / "ds", tmp_path / "export", layers=layers)
     argv = train_command(tmp_path / "export", metadata).split()
     assert argv[:2] == ["speculators", "train"]
     argv[argv.index("--draft-vocab-size") + 1] = "200"
     return argv[2:]
 
 
-def _speculators(argv: list[str], cwd: Path) -> None:
+def run_speculators(argv: list[str], cwd: Path) -> None:
     run = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
 
@@ -102,7 +107,7 @@ def test_the_printed_train_command_is_accepted(tmp_path: Path, printed_command: 
     """``speculators train`` with the command ``hsx export`` prints (a dry run)
     builds the vocabulary mapping from token_freq.pt and a draft fed by the
     chosen aux layers in their order."""
-    _speculators([str(SPECULATORS_PY.with_name("speculators")), "train", *printed_command,
+    run_speculators([str(SPECULATORS_PY.with_name("speculators")), "train", *printed_command,
                   "--dry-run", "--save-path", str(tmp_path / "draft")], tmp_path)
     assert (tmp_path / "export" / "d2t-200.npy").exists() and (tmp_path / "export" / "t2d-200.npy").exists()
     draft = json.loads((tmp_path / "draft" / "config.json").read_text())
@@ -113,9 +118,9 @@ def test_the_printed_train_command_trains_on_a_cpu(tmp_path: Path, printed_comma
     """The same flags through ``python -m hsx.trainer.speculators_cpu``
     (speculators' own train, adapted for a machine without an accelerator)
     train: the epoch's checkpoint holds the initial draft's tensors, changed."""
-    _speculators([str(SPECULATORS_PY.with_name("speculators")), "train", *printed_command,
+    run_speculators([str(SPECULATORS_PY.with_name("speculators")), "train", *printed_command,
                   "--dry-run", "--save-path", str(tmp_path / "initial")], tmp_path)
-    _speculators([str(SPECULATORS_PY), "-m", "hsx.trainer.speculators_cpu", *printed_command,
+    run_speculators([str(SPECULATORS_PY), "-m", "hsx.trainer.speculators_cpu", *printed_command,
                   "--epochs", "1", "--save-path", str(tmp_path / "trained")], tmp_path)
     initial = load_file(str(tmp_path / "initial" / "model.safetensors"))
     trained = load_file(str(tmp_path / "trained" / "0" / "model.safetensors"))

@@ -57,6 +57,21 @@ def test_what_is_not_a_draft_is_one_line(tmp_path: Path, make, phrase: str) -> N
     assert phrase in str(info.value) and str(info.value).startswith("--draft ")
 
 
+def test_vllm_counts_aux_layers_from_the_model_config_not_the_layer_ids(tmp_path: Path) -> None:
+    """vLLM sizes the draft's input projection from the model config's
+    num_aux_hidden_states or eagle_config (3 without either): a draft that
+    sets one of them for its 2 aux layers loads."""
+    for i, layer_config in enumerate(({"num_aux_hidden_states": 2},
+                                      {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3]}})):
+        path = write_draft(tmp_path / str(i), aux=[1, 3])
+        config = json.loads((path / "config.json").read_text())
+        config["transformer_layer_config"].update(layer_config)
+        (path / "config.json").write_text(json.dumps(config))
+        draft = read_draft("--draft", path)
+        assert draft.served_aux_count == 2
+        check_verifier("--draft", draft, VERIFIER)
+
+
 def test_aux_layers_out_of_layer_order_are_refused(tmp_path: Path) -> None:
     """vLLM hands a draft the aux hidden states in layer order, not the config's."""
     with pytest.raises(UsageError, match=r"eagle_aux_hidden_state_layer_ids \[3, 1, 2\] are not ascending: vLLM"):
@@ -74,7 +89,8 @@ def test_a_damaged_weights_file_is_one_line(tmp_path: Path) -> None:
     ({"hidden": 64}, "it expects hidden size 64, the model has 128"),
     ({"vocab": 49152}, "its vocabulary is 49152 tokens, the model's 1000"),
     ({"aux": [1, 2, 4]}, "its aux layer ids [1, 2, 4] go past the model's 4 layers (0..3)"),
-    ({"fc_inputs": 256}, "its fc.weight takes 256 inputs, not 3 layers x 128"),
+    ({"fc_inputs": 256}, "its fc.weight takes 256 inputs; vLLM builds it for 384 (3 aux layers x 128"),
+    ({"aux": [1, 3]}, "its fc.weight takes 256 inputs; vLLM builds it for 384 (3 aux layers x 128"),
 ])
 def test_a_draft_for_another_verifier_is_refused(tmp_path: Path, kwargs: dict[str, object], phrase: str) -> None:
     draft = read_draft("--draft", write_draft(tmp_path / "d", **kwargs))  # type: ignore[arg-type]

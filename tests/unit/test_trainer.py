@@ -75,9 +75,16 @@ def test_aux_layers_out_of_layer_order_are_warned_of(caplog: pytest.LogCaptureFi
     """vLLM feeds a draft its aux hidden states in layer order: a draft trained
     on another order would see them permuted when served."""
     with caplog.at_level(logging.WARNING, logger="hsx.trainer.samples"):
-        assert choose_layers([1, 2, 3, 4], [3, 1]).aux == (3, 1)
+        assert choose_layers([1, 2, 3, 4], [3, 2, 1]).aux == (3, 2, 1)
+        choose_layers([1, 2, 3, 4], [1, 2, 3])
+    assert [r.getMessage().split(";")[0] for r in caplog.records] == ["--layers 3,2,1: not ascending"]
+
+
+def test_other_than_three_aux_layers_are_warned_of(caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM sizes a speculators draft's input for 3 aux layers."""
+    with caplog.at_level(logging.WARNING, logger="hsx.trainer.samples"):
         choose_layers([1, 2, 3, 4], [1, 3])
-    assert [r.getMessage().split(";")[0] for r in caplog.records] == ["--layers 3,1: not ascending"]
+    assert [r.getMessage().split(";")[0] for r in caplog.records] == ["--layers 1,3: 2 aux layers"]
 
 
 def test_an_unknown_storage_scheme_is_refused(tmp_path: Path) -> None:
