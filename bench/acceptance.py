@@ -19,6 +19,8 @@ Stages, each run once and resumed where it stopped (its figures go to
      ``hsx.trainer.speculators_cpu`` where there is no accelerator), measured
      after 1, 2 and 4 of its 4 epochs: the learning curve at 25, 50 and 100 %
      of the training tokens;
+   - ``float32``: (a)'s draft measured again with ``--dtype float32``: are the
+     greedy outputs that differ with a draft in bfloat16 the verifier's numerics?
    - ``reference``: (c) the export's token sequences and loss masks with hidden
      states computed by HF transformers (``hsx.reference``, the suite's
      independent reference) and written in speculators' layout here, not by
@@ -219,15 +221,16 @@ def train_flags(work: Work, arm: str, data: str | None = None) -> list[str]:
     return [item for flag, values in arm_flags(work, arm, data).items() for item in (flag, *values)]
 
 
-def evaluate(work: Work, name: str, draft: Path, key: str | None = None) -> dict[str, Any]:
-    """``hsx eval-draft`` on the evaluation set, kept as ``eval/NAME.json``: the
-    figures under ``acceptance_KEY_`` (default NAME)."""
+def evaluate(work: Work, name: str, draft: Path, key: str | None = None, *flags: str) -> dict[str, Any]:
+    """``hsx eval-draft`` on the evaluation set (with ``flags``), kept as
+    ``eval/NAME.json``: the figures under ``acceptance_KEY_`` (default NAME)."""
     report = work.root / "eval" / f"{name}.json"
     if not report.exists():  # an evaluation done before a stop is kept
         report.parent.mkdir(parents=True, exist_ok=True)
         partial = report.with_suffix(".partial.json")
         seconds = run_logged([hsx_bin(), "eval-draft", str(work.corpus / "eval.jsonl"), "--model", str(model_dir()),
-                              "--draft", str(draft), "--max-tokens", str(work.scale.max_tokens), "--json", str(partial)],
+                              "--draft", str(draft), "--max-tokens", str(work.scale.max_tokens), "--json", str(partial),
+                              *flags],
                              work.log(f"eval-{name}"))
         result = json.loads(partial.read_text())
         result["eval_s"] = seconds
@@ -284,6 +287,14 @@ def offline(work: Work) -> dict[str, Any]:
         curve.append({"tokens_fraction": epochs / last, "acceptance_length": point[f"acceptance_{name}_acceptance_length"],
                       "per_position": point[f"acceptance_{name}_per_position"]})
     return {**figures, "acceptance_offline_curve": curve}
+
+
+def float32(work: Work) -> dict[str, Any]:
+    """(a)'s draft again with the verifier and draft in float32: whether greedy
+    outputs that differ with the draft in bfloat16 are the verifier's bfloat16
+    numerics (batch-dependent) rather than the draft."""
+    final = work.draft("offline") / str(work.scale.epochs - 1)
+    return evaluate(work, "offline_float32", final, None, "--dtype", "float32")
 
 
 def reference(work: Work) -> dict[str, Any]:
@@ -393,6 +404,7 @@ STAGES: dict[str, tuple[Callable[[Work], dict[str, Any]], tuple[str, ...]]] = {
     "export": (export, ("data",)),
     "untrained": (untrained, ("export",)),
     "offline": (offline, ("export",)),
+    "float32": (float32, ("offline",)),
     "reference": (reference, ("export",)),
     "shifted": (shifted, ("export",)),
     "online": (online, ("offline",)),

@@ -15,6 +15,7 @@ ARMS = (
     ("reference", "(c) reference: HF transformers' hidden states, same rows"),
     ("shifted", "(d) control: hsx's hidden states one position late"),
     ("untrained", "(e) untrained: speculators' `--dry-run` draft"),
+    ("offline_float32", "(a) again, verifier and draft in float32"),
 )
 TARGETS = (
     ("mean acceptance length, (a)", "≥ 2.0", lambda r: _get(r, "offline", "acceptance_length"),
@@ -103,9 +104,10 @@ ACCEPTANCE: tuple[Block, ...] = (When("acceptance_train_prompts", (
         "evaluation, per draft (120 prompts with and without it): {acceptance_offline_eval_s} s. Tokens/s are "
         "of two CPU cores, where the draft's own forward passes cost more than the verifier steps they save, and "
         "an evaluation may have overlapped another stage's work: read them within a row only",
-        "greedy outputs: the prompts that differ with the draft are the same for the untrained draft (which proposes "
-        "nothing the verifier accepts) as for the trained one, so the verifier's own bfloat16 results differ between "
-        "its speculative and its plain batches; not yet checked in float32",
+        "greedy outputs: in bfloat16, 3 to 8 of the 120 prompts differ with a draft, another set for each draft, 3 "
+        "with the untrained one (which proposes nothing the verifier accepts); (a)'s 3, evaluated alone, are "
+        "identical in bfloat16 and in float32: the verifier's bfloat16 results depend on the batch it runs in. The "
+        "float32 row is the same check over all 120",
         "the corpus: train {acceptance_train_sha256!s}, eval {acceptance_eval_sha256!s} (sha256 of the files)",
     )),
     "```bash\n"
