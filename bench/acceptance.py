@@ -284,6 +284,7 @@ def offline(work: Work) -> dict[str, Any]:
     for epochs in work.scale.curve:
         name = "offline" if epochs == last else f"offline_epoch{epochs}"  # the last is the arm's own
         point = figures if epochs == last else evaluate(work, name, work.draft("offline") / str(epochs - 1))
+        figures.update(point)  # (b), and (c) and (d) with --epochs, are set beside these
         curve.append({"tokens_fraction": epochs / last, "acceptance_length": point[f"acceptance_{name}_acceptance_length"],
                       "per_position": point[f"acceptance_{name}_per_position"]})
     return {**figures, "acceptance_offline_curve": curve}

@@ -71,3 +71,25 @@ def test_the_page_shows_arms_run_and_not_run_and_compares_arms_after_as_many_epo
     assert "| (a) − (c) reference, after as many epochs | -0.020 | within 0.05 | yes |" in section  # beside epoch 1
     assert "| (a) − (d) shifted control, after as many epochs | 0.700 | at least 0.5 | yes |" in section
     assert "| mean acceptance length, (a) | 1.900 | ≥ 2.0 | **no** |" in section
+
+
+def test_the_offline_arm_reports_each_checkpoint_it_measures(tmp_path: Path) -> None:
+    """(b), and (c) and (d) after fewer epochs, are set beside (a)'s checkpoint
+    after as many epochs: its figures are (a)'s too. The checkpoints and their
+    evaluations are made here as the stages leave them (so nothing trains)."""
+    work = acceptance.Work(tmp_path)
+    for epoch in range(work.scale.epochs):
+        checkpoint = work.draft("offline") / str(epoch)
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "training_state.json").write_text(json.dumps({"global_step": 10 * (epoch + 1)}))
+        (checkpoint / "val_metrics.json").write_text(json.dumps({"full_acc_0_epoch": 0.5}))
+    (work.draft("offline") / "hsx_train_s.json").write_text(json.dumps({"train_s": 60.0}))
+    (tmp_path / "eval").mkdir()
+    for name, length in (("offline", 2.0), ("offline_epoch1", 1.5), ("offline_epoch2", 1.75)):
+        (tmp_path / "eval" / f"{name}.json").write_text(json.dumps({"acceptance_length": length,
+                                                                    "per_position": [length - 1, 0, 0]}))
+    figures = acceptance.offline(work)
+    assert figures["acceptance_offline_epoch1_acceptance_length"] == 1.5
+    assert figures["acceptance_offline_epoch2_acceptance_length"] == 1.75
+    assert (figures["acceptance_offline_acceptance_length"], figures["acceptance_offline_steps"]) == (2.0, 40)
+    assert [p["acceptance_length"] for p in figures["acceptance_offline_curve"]] == [1.5, 1.75, 2.0]
