@@ -106,8 +106,8 @@ ACCEPTANCE: tuple[Block, ...] = (When("acceptance_train_prompts", (
         "an evaluation may have overlapped another stage's work: read them within a row only",
         "greedy outputs: in bfloat16, 3 to 8 of the 120 prompts differ with a draft, another set for each draft, 3 "
         "with the untrained one (which proposes nothing the verifier accepts); (a)'s 3, evaluated alone, are "
-        "identical in bfloat16 and in float32: the verifier's bfloat16 results depend on the batch it runs in. The "
-        "float32 row is the same check over all 120",
+        "identical in bfloat16 and in float32, and in float32 all 120 are (the float32 row): the verifier's bfloat16 "
+        "results depend on the batch it runs in, not on the draft",
         "the corpus: train {acceptance_train_sha256!s}, eval {acceptance_eval_sha256!s} (sha256 of the files)",
     )),
     "```bash\n"
