@@ -54,10 +54,12 @@ def kafka(kafka_bootstrap: str) -> KafkaSettings:
     return KafkaSettings(bootstrap=kafka_bootstrap)
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def restore_root_logging() -> Iterator[None]:
-    """Tests that call ``hsx.cli.main`` in-process: it configures the root logger
-    for the process, which is undone after the test."""
+    """``hsx.cli.main`` called in-process configures the root logger with a
+    handler on the stderr of that moment, which pytest closes after the test:
+    undone after every test, so that no later test's log line meets a closed
+    stream ("--- Logging error ---" on its stderr)."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     yield
