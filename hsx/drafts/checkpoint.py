@@ -70,9 +70,9 @@ def read_draft(flag: str, value: str | Path) -> DraftCheckpoint:
     if aux is not None and not (isinstance(aux, list) and aux and all(_count(i, 0) for i in aux)):
         raise UsageError(f"{flag} {value}: eagle_aux_hidden_state_layer_ids must be a list of layer ids, got {aux!r}")
     if aux is not None and aux != sorted(aux):
-        raise UsageError(f"{flag} {value}: eagle_aux_hidden_state_layer_ids {aux} are not ascending: vLLM hands a "
-                         "draft the verifier's aux hidden states in layer order, so this draft would see them in "
-                         "another order than it was trained on; train it with ascending layer ids")
+        raise UsageError(f"{flag} {value}: eagle_aux_hidden_state_layer_ids {aux} are not ascending: the engine "
+                         "hands a draft the verifier's aux hidden states in layer order, so this draft would see "
+                         "them in another order than it was trained on; train it with ascending layer ids")
     target = config.get("target_hidden_size")
     verifier = _nested(config, "speculators_config", "verifier", "name_or_path")
     return DraftCheckpoint(
@@ -96,7 +96,7 @@ def check_verifier(flag: str, draft: DraftCheckpoint, verifier: Any) -> None:
         problems.append(f"its aux layer ids {draft.aux_layer_ids} go past the model's {layers} layers (0..{layers - 1})")
     served = draft.served_aux_count * verifier.hidden_size
     if draft.fc_shape is not None and draft.fc_shape[-1] != served:
-        problems.append(f"its {FC} takes {draft.fc_shape[-1]} inputs; vLLM builds it for {served} "
+        problems.append(f"its {FC} takes {draft.fc_shape[-1]} inputs; the engine builds it for {served} "
                         f"({draft.served_aux_count} aux layers x {verifier.hidden_size}: the count it reads from "
                         "num_aux_hidden_states or eagle_config, 3 when neither is set, as in speculators' checkpoints)")
     if problems:

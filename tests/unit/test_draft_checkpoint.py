@@ -74,7 +74,7 @@ def test_vllm_counts_aux_layers_from_the_model_config_not_the_layer_ids(tmp_path
 
 def test_aux_layers_out_of_layer_order_are_refused(tmp_path: Path) -> None:
     """vLLM hands a draft the aux hidden states in layer order, not the config's."""
-    with pytest.raises(UsageError, match=r"eagle_aux_hidden_state_layer_ids \[3, 1, 2\] are not ascending: vLLM"):
+    with pytest.raises(UsageError, match=r"eagle_aux_hidden_state_layer_ids \[3, 1, 2\] are not ascending: the engine"):
         read_draft("--draft", write_draft(tmp_path / "d", aux=[3, 1, 2]))
 
 
@@ -89,8 +89,8 @@ def test_a_damaged_weights_file_is_one_line(tmp_path: Path) -> None:
     ({"hidden": 64}, "it expects hidden size 64, the model has 128"),
     ({"vocab": 49152}, "its vocabulary is 49152 tokens, the model's 1000"),
     ({"aux": [1, 2, 4]}, "its aux layer ids [1, 2, 4] go past the model's 4 layers (0..3)"),
-    ({"fc_inputs": 256}, "its fc.weight takes 256 inputs; vLLM builds it for 384 (3 aux layers x 128"),
-    ({"aux": [1, 3]}, "its fc.weight takes 256 inputs; vLLM builds it for 384 (3 aux layers x 128"),
+    ({"fc_inputs": 256}, "its fc.weight takes 256 inputs; the engine builds it for 384 (3 aux layers x 128"),
+    ({"aux": [1, 3]}, "its fc.weight takes 256 inputs; the engine builds it for 384 (3 aux layers x 128"),
 ])
 def test_a_draft_for_another_verifier_is_refused(tmp_path: Path, kwargs: dict[str, object], phrase: str) -> None:
     draft = read_draft("--draft", write_draft(tmp_path / "d", **kwargs))  # type: ignore[arg-type]
