@@ -151,14 +151,7 @@ def speculators_python() -> str:
 def run_logged(argv: list[str], log: Path, env: dict[str, str] | None = None) -> float:
     """Run ``argv`` with its output appended to ``log``; its wall time in s.
     A failure stops the benchmark, naming the log."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"[acceptance] {' '.join(argv)}  (log: {log})", flush=True)
-    started = time.monotonic()
-    with log.open("a") as out:
-        code = subprocess.run(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
-    if code != 0:
-        _failed(argv, code, log)
-    return round(time.monotonic() - started, 1)
+    return Spawned(argv, log, env).wait()
 
 
 def _failed(argv: list[str], code: int, log: Path) -> NoReturn:
@@ -221,7 +214,8 @@ def train_flags(work: Work, arm: str, data: str | None = None) -> list[str]:
     return [item for flag, values in arm_flags(work, arm, data).items() for item in (flag, *values)]
 
 
-def evaluate(work: Work, name: str, draft: Path, key: str | None = None, *flags: str) -> dict[str, Any]:
+def evaluate(work: Work, name: str, draft: Path, key: str | None = None,
+             flags: tuple[str, ...] = ()) -> dict[str, Any]:
     """``hsx eval-draft`` on the evaluation set (with ``flags``), kept as
     ``eval/NAME.json``: the figures under ``acceptance_KEY_`` (default NAME)."""
     report = work.root / "eval" / f"{name}.json"
@@ -260,7 +254,7 @@ def train_arm(work: Work, arm: str, epochs: int | None = None) -> dict[str, Any]
     trained = json.loads(timing.read_text())["train_s"] if timing.exists() else 0.0
     if not (checkpoint / "val_metrics.json").exists():  # written last, after speculators' validation
         training = Spawned([speculators_python(), "-m", "hsx.trainer.speculators_cpu", *train_flags(work, arm)],
-                           work.log(f"train-{arm}"), dict(os.environ))
+                           work.log(f"train-{arm}"))
         while training.running() and not (checkpoint / "val_metrics.json").exists():
             time.sleep(5)
         if training.running():
@@ -295,7 +289,7 @@ def float32(work: Work) -> dict[str, Any]:
     outputs that differ with the draft in bfloat16 are the verifier's bfloat16
     numerics (batch-dependent) rather than the draft."""
     final = work.draft("offline") / str(work.scale.epochs - 1)
-    return evaluate(work, "offline_float32", final, None, "--dtype", "float32")
+    return evaluate(work, "offline_float32", final, flags=("--dtype", "float32"))
 
 
 def reference(work: Work) -> dict[str, Any]:
@@ -375,7 +369,7 @@ class Spawned:
     """A command running beside others, its output appended to a log; as
     :func:`run_logged`, a failure stops the benchmark, naming the log."""
 
-    def __init__(self, argv: list[str], log: Path, env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
         print(f"[acceptance] {' '.join(argv)}  (log: {log})", flush=True)
         self.argv, self.log, self.started, self.stopped = argv, log, time.monotonic(), False

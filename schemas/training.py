@@ -15,6 +15,11 @@ LossMaskPolicy = Literal["all", "none"]
 """The loss mask of a sample stored without one (plain text, not a chat): train
 on every token (``all``) or on none (``none``: such rows are dropped)."""
 
+SERVED_AUX_LAYERS = 3
+"""Aux layers vLLM builds an EAGLE-3 draft's input for when the draft's model
+config names no count, as speculators' checkpoints do not: the count a draft
+trained on hsx data needs to be served there."""
+
 
 class ExportMetadata(StrictModel):
     """``hsx_export.json`` beside a speculators export: what the hidden-state

@@ -16,12 +16,9 @@ from hsx.dataset.encoding import check_raw, read_hidden_states, read_loss_mask, 
 from hsx.dataset.safetensors_io import prefetch
 from hsx.schemas import HiddenStatesReady
 from hsx.schemas.dataset_codec import DatasetCodec
-from hsx.schemas.training import LossMaskPolicy
+from hsx.schemas.training import SERVED_AUX_LAYERS, LossMaskPolicy
 
 log = logging.getLogger(__name__)
-SERVED_AUX_LAYERS = 3
-"""Aux layers of a draft vLLM can serve from a speculators checkpoint (see
-:attr:`hsx.drafts.checkpoint.DraftCheckpoint.served_aux_count`)."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 from safetensors import SafetensorError, safe_open
 
 from hsx.runtime.errors import UsageError
+from hsx.schemas.training import SERVED_AUX_LAYERS
 
 FC = "fc.weight"
 """The projection of the verifier's concatenated aux hidden states: ``[hidden, len(aux) x verifier hidden]``."""
@@ -112,7 +113,7 @@ def _served_aux_count(config: dict[str, Any]) -> int:
     if _count(count):
         return int(count)  # type: ignore[arg-type]
     ids = _nested(config, "eagle_config", "eagle_aux_hidden_state_layer_ids")
-    return len(ids) if isinstance(ids, list) and ids else 3
+    return len(ids) if isinstance(ids, list) and ids else SERVED_AUX_LAYERS
 
 
 def _fc_shape(flag: str, weights: list[Path]) -> tuple[int, ...] | None:
