@@ -59,13 +59,10 @@ fused one needs Triton). On a GPU nothing is changed.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import logging
 import math
-import os
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,23 +71,22 @@ import torch.utils.data
 
 from hsx.dataset.reader import MissingShard, ShardHandles
 from hsx.dataset.storage import is_object_store, open_storage
-from hsx.runtime.checks import integer, model_dir, number, outside, writable_dir
-from hsx.runtime.errors import ServiceFailed, UsageError
+from hsx.runtime.checks import integer, number
+from hsx.runtime.errors import ServiceFailed
 from hsx.runtime.kafka import ensure_topics
 from hsx.runtime.kafka.admin import add_connect_timeout
 from hsx.runtime.logs import redact_secrets
 from hsx.runtime.settings import KafkaSettings, TopicSettings, overrides
-from hsx.schemas import HiddenStatesReady
-from hsx.trainer.online import ReadyStream
+from hsx.trainer.draft_checks import (STREAM_STATE, Resumed, check_command_line, check_layout, check_resumed,
+                                      check_resumed_layers, last_checkpoint)
 from hsx.trainer.first_samples import first_samples
-from hsx.trainer.samples import LayerLayout, choose_layers, layer_list
+from hsx.trainer.online import ReadyStream
+from hsx.trainer.samples import LayerLayout, layer_list
 from hsx.trainer.speculators_cpu import CPU_DEFAULTS, on_cpu
 from hsx.trainer.stream_batches import PackedSamples, SpeculatorsBatch, StreamEpochs
 
 log = logging.getLogger(__name__)
 
-STREAM_STATE = "hsx_stream.json"
-"""The stream's position (``ReadyStream.state_dict``) in each checkpoint directory."""
 TOKEN_FREQ = "token_freq.pt"
 """speculators' name for the token counts its vocabulary mapping is built from."""
 
@@ -216,98 +212,8 @@ class _StepLog(logging.Handler):
 
 # --- the command -------------------------------------------------------------------------------
 
-
-def _check_local(args: argparse.Namespace) -> dict[str, Any]:
-    """Every check that needs neither Kafka nor speculators' model code, in one
-    line each; returns the verifier's (text) config."""
-    model_dir("--model", args.model)
-    config = json.loads((args.model / "config.json").read_text())
-    config = config.get("text_config", config)
-    if not is_object_store(args.dataset):
-        dataset = Path(args.dataset)
-        if not dataset.is_dir() and not dataset.parent.is_dir():  # a job may start before the sink makes it
-            raise UsageError(f"--dataset {args.dataset}: no such directory, nor its parent (the sink's --output)")
-        outside("--save-path", args.save_path, "--dataset", dataset)
-    writable_dir("--save-path", args.save_path)
-    vocab = int(config["vocab_size"])
-    if args.draft_vocab_size is not None and args.draft_vocab_size > vocab:
-        raise UsageError(f"--draft-vocab-size {args.draft_vocab_size}: more than the verifier's vocabulary ({vocab})")
-    layers = int(config["num_hidden_layers"])
-    if args.layers is not None and max(args.layers) >= layers:
-        raise UsageError(f"--layers {','.join(map(str, args.layers))}: the verifier has {layers} layers, so aux "
-                         f"layer ids are 0..{layers - 1}")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UsageError("runs as one process (one GPU or the CPU); torchrun is not supported yet")
-    if importlib.util.find_spec("speculators") is None:
-        raise UsageError("needs speculators beside hsx (speculators==0.9.0, with hsx installed in its "
-                         "environment: `make speculators`, then .venv-speculators/bin/hsx train-draft)")
-    return config
-
-
-def _layout(first: HiddenStatesReady, args: argparse.Namespace, config: dict[str, Any]) -> LayerLayout:
-    """The aux layers to train on, checked against the verifier: speculators
-    takes the last slot as the verifier's last layer before its final norm,
-    which is hsx's layer id ``num_hidden_layers``."""
-    try:
-        layout = choose_layers(first.layer_ids, args.layers)
-    except ValueError as exc:
-        raise UsageError(f"the stream's samples: {exc}") from None
-    if layout.verifier != int(config["num_hidden_layers"]):
-        raise UsageError(f"the stream's samples store layers {first.layer_ids}, the highest {layout.verifier}; the "
-                         f"draft needs the verifier's last layer ({config['num_hidden_layers']}): extract with it")
-    if first.hidden_size != int(config["hidden_size"]):
-        raise UsageError(f"the stream's samples are {first.hidden_size} wide, --model {args.model} is "
-                         f"{config['hidden_size']}: not the verifier they were extracted from")
-    if Path(first.model).resolve() != args.model.resolve() and first.model != args.model.name:
-        log.warning("the stream's samples name model %s; training for --model %s", first.model, args.model)
-    return layout
-
-
-@dataclass(frozen=True)
-class Resumed:
-    """The checkpoint a run resumes: the last epoch directory in ``--save-path``,
-    as speculators' checkpointer picks it."""
-
-    epoch: int
-    global_step: int
-    config: dict[str, Any]
-    stream: dict[str, Any] | None
-    """Its ``hsx_stream.json`` (absent in a checkpoint of ``speculators train``)."""
-
-
-def last_checkpoint(save_path: Path) -> Resumed | None:
-    epochs = [int(p.name) for p in save_path.glob("*") if p.name.isdigit() and p.is_dir() and not p.is_symlink()]
-    if not epochs:
-        return None
-    last = save_path / str(max(epochs))
-    stream = json.loads((last / STREAM_STATE).read_text()) if (last / STREAM_STATE).exists() else None
-    return Resumed(max(epochs), int(json.loads((last / "training_state.json").read_text())["global_step"]),
-                   json.loads((last / "config.json").read_text()), stream)
-
-
-def _check_resumed(save_path: Path, resumed: Resumed, topic: str, group: str, draft_vocab_size: int) -> None:
-    """A run resuming a checkpoint reads the stream it was trained from and
-    builds a draft of the same vocabulary."""
-    if resumed.stream is not None and (resumed.stream["topic"], resumed.stream["group_id"]) != (topic, group):
-        raise UsageError(f"--save-path {save_path}: its checkpoints were trained from {resumed.stream['topic']} as "
-                         f"group {resumed.stream['group_id']}; give that --ready-topic and --group, or a new "
-                         "--save-path")
-    if resumed.config["draft_vocab_size"] != draft_vocab_size:
-        raise UsageError(f"--save-path {save_path}: its checkpoints have a draft vocabulary of "
-                         f"{resumed.config['draft_vocab_size']} tokens, this run {draft_vocab_size}; give the same "
-                         "--draft-vocab-size or a new --save-path")
-
-
-def _check_resumed_layers(save_path: Path, resumed: Resumed, layout: LayerLayout) -> None:
-    """... and feeds it the same aux layers."""
-    aux = resumed.config["eagle_aux_hidden_state_layer_ids"]
-    if aux != list(layout.aux):
-        raise UsageError(f"--save-path {save_path}: its checkpoints feed aux layers {aux}, this run "
-                         f"{list(layout.aux)}; give --layers {','.join(map(str, aux))} or a new --save-path")
-
-
 def run(args: argparse.Namespace) -> int:
-    config = _check_local(args)
+    config = check_command_line(args)
     kafka = KafkaSettings(**overrides(bootstrap=args.bootstrap))
     redact_secrets(kafka.secret_values())
     topics = TopicSettings(**overrides(ready=args.ready_topic))
@@ -316,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
     save.mkdir(parents=True, exist_ok=True)
     resumed = last_checkpoint(save)
     if resumed is not None:
-        _check_resumed(save, resumed, topics.ready, args.group, args.draft_vocab_size or int(config["vocab_size"]))
+        check_resumed(save, resumed, topics.ready, args.group, args.draft_vocab_size or int(config["vocab_size"]))
     count_vocab = args.draft_vocab_size is not None and not (save / TOKEN_FREQ).exists()
     shards = ShardHandles(open_storage(args.dataset, create=True))  # the sink may not have made it yet
     wanted = args.vocab_samples if count_vocab else 1
@@ -329,9 +235,9 @@ def run(args: argparse.Namespace) -> int:
     if not first.events:
         print(f"train-draft: no sample arrived in {args.exit_when_idle:g}s (--exit-when-idle); nothing trained")
         return 0
-    layout = _layout(first.events[0], args, config)
+    layout = check_layout(first.events[0], args, config)
     if resumed is not None:
-        _check_resumed_layers(save, resumed, layout)
+        check_resumed_layers(save, resumed, layout)
     if count_vocab:
         torch.save(dict(first.token_freq), save / TOKEN_FREQ)
         log.info("draft vocabulary: %d distinct tokens in %d samples", len(first.token_freq), len(first.events))
