@@ -103,6 +103,11 @@ class BlockHeader(StrictModel):
     byte plane, so ``byteplane-zstd`` and ``zstd`` are the same there)."""
     quantization: Quantization | None = None
     """Set exactly when ``codec_version`` is 2."""
+    payload_checksum: Checksum | None = None
+    """Of the payload as it travels and is stored (every byte after the header),
+    so a sink that stores the record as it came verifies it without decoding it;
+    decoders check it too, before they decompress. Absent in records written
+    before it existed: those are verified by decoding, against ``checksum``."""
 
     @property
     def part_nbytes(self) -> list[int]:

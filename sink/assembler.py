@@ -3,8 +3,8 @@ time (all records of a request share its key, hence its partition).
 
 Block records wait, per (request_id, attempt_id), for their manifest. The
 manifest completes the sample only if every block it lists arrived with the same
-attempt id, decodes, and matches the manifest's checksums, token ranges and
-shape (fp8 blocks, ``hsx extract --wire-dtype fp8``, also that their codes and
+attempt id, verifies (decodes, where the sample is stored decoded) and
+matches the manifest's checksums, token ranges and shape (fp8 blocks, ``hsx extract --wire-dtype fp8``, also that their codes and
 scales are what the quantization can produce). Anything else becomes a
 :class:`RejectedRecords` with a reason; attempts whose
 manifest never comes are rejected after a timeout, or as soon as another attempt
@@ -28,7 +28,7 @@ import orjson
 from pydantic import ValidationError
 from typing_extensions import Buffer
 
-from hsx.codecs.block import CorruptBlock, combined_checksum, decode_block, read_header, verify_block
+from hsx.codecs.block import CorruptBlock, combined_checksum, decode_block, read_header, verify_stored
 from hsx.codecs.fp8_blocks import fp8_rows
 from hsx.dataset.encoding import records_fit
 from hsx.dataset.sample import Sample
@@ -93,8 +93,9 @@ class Assembler:
     ``stored_as`` is the dataset codec the samples go to. Under ``byteplane-zstd``
     a sample whose block records are stored as they came
     (:func:`~hsx.dataset.encoding.records_fit`) comes out already encoded: each
-    block is verified in a reused buffer and its raw bytes are never kept, which
-    saves the sink a sample-sized allocation and the page faults of filling it."""
+    block is verified against the checksum of its payload, never decoded, and its
+    raw bytes are checked where the sample is read; this saves the sink the decode,
+    a sample-sized allocation and the page faults of filling it."""
 
     def __init__(self, incomplete_timeout: float = 600.0, stored_as: DatasetCodec = DatasetCodec.RAW,
                  max_sample_bytes: int = DEFAULT_MAX_SAMPLE_BYTES) -> None:
@@ -261,12 +262,13 @@ def _decoded(manifest: Manifest, records: list[Buffer]) -> bytearray:
 
 
 def _verified(manifest: Manifest, records: list[Buffer]) -> str:
-    """Verify each block (decoded into a reused buffer, nothing kept); the
-    checksum of the sample's raw bytes, combined from the blocks'."""
+    """Verify each block as stored (its payload checksum; a block written before
+    those is decoded into a reused buffer); the checksum of the sample's raw
+    bytes, combined from the blocks'."""
     headers = []
     for ref, record in zip(manifest.blocks, records):
         with _corrupt(ref.index):
-            headers.append(verify_block(record))
+            headers.append(verify_stored(record))
     return combined_checksum(headers)
 
 

@@ -11,7 +11,9 @@ zstd-compressed on its own: the sign/exponent bytes of bfloat16 hidden states ar
 highly repetitive and compress well once separated from the noisy mantissa bytes.
 A plane that would not shrink is stored raw. ``zstd`` (whole block) and ``none``
 remain for comparison. The header carries a CRC-32 of the raw bytes, checked on
-every decode. Codec version 2 blocks carry fp8 rows instead (:mod:`hsx.codecs.fp8_blocks`).
+every decode, and one of the payload as stored, which a sink that keeps the record
+as it came checks instead of decoding it (:func:`verify_stored`). Codec version 2
+blocks carry fp8 rows instead (:mod:`hsx.codecs.fp8_blocks`).
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ def encode_block(
         token_end=token_start + shape[0],
         checksum=checksum(view),
         segments=segments,
+        payload_checksum=checksum(*parts),
     )
     return frame(MAGIC, header, parts)
 
@@ -226,6 +229,7 @@ def decode_block(value: Buffer, out: memoryview | None = None) -> tuple[BlockHea
     blocks only), the raw bytes are decoded into it, which they must fill, and ``out``
     is returned: a sample's blocks decode into its one buffer, copied never."""
     header, payload = read_header(value)
+    _check_payload(header, payload)
     if out is not None and header.quantization is not None:
         raise CorruptBlock(f"the block holds {header.quantization} rows, raw bytes were expected")
     if out is not None and out.nbytes != header.raw_nbytes:
@@ -253,13 +257,24 @@ def decode_block(value: Buffer, out: memoryview | None = None) -> tuple[BlockHea
     return header, raw
 
 
-def verify_block(value: Buffer) -> BlockHeader:
-    """Check a record as :func:`decode_block` does, decoding it into a reused
-    per-thread buffer: for records stored as they came, whose raw bytes nobody
-    keeps. Unquantized blocks only."""
-    header, _ = read_header(value)
-    decode_block(value, out=memoryview(_scratch("verify", header.raw_nbytes)))
+def verify_stored(value: Buffer) -> BlockHeader:
+    """Check a record that is stored as it came, whose raw bytes nobody keeps:
+    its header, its payload's framing (:func:`read_header`) and its payload
+    checksum, without decoding it; the raw checksum is checked where it is read
+    (:func:`decode_block`). A record without a payload checksum (written before
+    it existed) is decoded into a reused per-thread buffer and checked against
+    its raw checksum instead. Unquantized blocks only."""
+    header, payload = read_header(value)
+    if header.payload_checksum is None:
+        decode_block(value, out=memoryview(_scratch("verify", header.raw_nbytes)))
+    else:
+        _check_payload(header, payload)
     return header
+
+
+def _check_payload(header: BlockHeader, payload: memoryview) -> None:
+    if header.payload_checksum is not None and (actual := checksum(payload)) != header.payload_checksum:
+        raise CorruptBlock(f"payload checksum mismatch: {actual} != {header.payload_checksum}")
 
 
 def _decode_parts(header: BlockHeader, payload: memoryview) -> bytes:

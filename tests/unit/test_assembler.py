@@ -9,7 +9,8 @@ import orjson
 import pytest
 import torch
 
-from hsx.codecs.block import checksum, encode_block, read_header
+from hsx.codecs.block import CorruptBlock, checksum, encode_block, frame, read_header
+from hsx.codecs.dataset import decode_sample
 from hsx.dataset.encoding import encode
 from hsx.dataset.sample import Sample
 from hsx.schemas import BlockRecordHeaders, BlockRef, Codec, DType, Manifest, RecordKind, SourceRef
@@ -78,7 +79,7 @@ def test_records_kept_as_they_came_are_what_encoding_the_decoded_sample_stores()
 @pytest.fixture(params=[DatasetCodec.RAW, DatasetCodec.BYTEPLANE_ZSTD], ids=["decoded", "kept"])
 def stored_as(request: pytest.FixtureRequest) -> DatasetCodec:
     """Both ways the assembler verifies blocks: decoding them into the sample, or
-    in a scratch buffer when the records are stored as they came."""
+    by their payload checksums when the records are stored as they came."""
     return request.param  # type: ignore[no-any-return]
 
 
@@ -97,6 +98,47 @@ def test_flipped_byte_is_rejected(stored_as: DatasetCodec) -> None:
     value = bytearray(recs[1].value)
     value[-5] ^= 0xFF
     assert _rejected([recs[0], _mangle(recs[1], bytes(value)), *recs[2:]], stored_as).error_class == "corrupt_block"
+
+
+def reframe(record: Record, payload: bytes, payload_checksum: str | None) -> Record:
+    """``record`` with another payload and payload checksum (``None``: as blocks
+    were written before they had one), its header otherwise the same."""
+    header, _ = read_header(record.value)
+    header = header.model_copy(update={"payload_checksum": payload_checksum})
+    return _mangle(record, frame(MAGIC, header, [payload]))
+
+
+def test_records_kept_as_they_came_are_checked_as_stored_and_decoded_where_read() -> None:
+    """A block whose payload matches its payload checksum is kept without decoding
+    it, even one that does not decode (a buggy or forged sender): the raw checksum
+    is checked where the sample is read, which refuses it. A sink that decodes
+    refuses it at once."""
+    recs, _ = records(tokens=10, per_block=4)
+    _, payload = read_header(recs[1].value)
+    broken = bytearray(payload)
+    broken[-5] ^= 0xFF
+    forged = [recs[0], reframe(recs[1], bytes(broken), checksum(broken)), *recs[2:]]
+    (kept,) = feed(Assembler(stored_as=DatasetCodec.BYTEPLANE_ZSTD), forged)
+    assert isinstance(kept, Sample)
+    with pytest.raises(CorruptBlock, match="block of tokens \\[4, 8\\)|does not decompress|checksum mismatch"):
+        decode_sample(kept.hidden_states, shape=(10, LAYERS, HIDDEN), dtype=DType.FLOAT32,
+                      codec=DatasetCodec.BYTEPLANE_ZSTD)
+    assert _rejected(forged).error_class == "corrupt_block"
+
+
+def test_records_written_before_payload_checksums_are_verified_by_decoding(stored_as: DatasetCodec) -> None:
+    recs, hidden = records(tokens=10, per_block=4)
+    legacy = [reframe(r, bytes(read_header(r.value)[1]), None) for r in recs[:-1]]
+    assert all(b"payload_checksum" not in r.value for r in legacy)
+    (sample,) = feed(Assembler(stored_as=stored_as), [*legacy, recs[-1]])
+    assert isinstance(sample, Sample) and sample.codec is stored_as
+    assert decode_sample(bytes(sample.hidden_states), shape=(10, LAYERS, HIDDEN), dtype=DType.FLOAT32,
+                         codec=stored_as) == hidden.numpy().tobytes()
+    _, payload = read_header(legacy[1].value)
+    broken = bytearray(payload)
+    broken[-5] ^= 0xFF
+    damaged = [legacy[0], reframe(legacy[1], bytes(broken), None), *legacy[2:], recs[-1]]
+    assert _rejected(damaged, stored_as).error_class == "corrupt_block"
 
 
 def test_truncated_block_is_rejected(stored_as: DatasetCodec) -> None:

@@ -3,7 +3,7 @@ tests/unit/test_codec*.py, test_fp8*.py and test_dataset_codec.py check on chose
 examples, here for any shape, dtype, codec and bit pattern.
 
 1. Lossless round trips are the identity, bit for bit: every wire codec
-   (``decode_block`` with and without ``out=``, ``verify_block``) and the lossless
+   (``decode_block`` with and without ``out=``, ``verify_stored``) and the lossless
    dataset codecs (``raw``, ``byteplane-zstd``, one record or several back to back).
    Elements are raw bit patterns, NaN payloads, infinities, subnormals and -0.0
    included (:data:`SPECIALS`, also as explicit examples).
@@ -51,7 +51,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from hsx.codecs.block import ZSTD_MAX_RATIO, CorruptBlock, checksum, decode_block, encode_block, frame, verify_block
+from hsx.codecs.block import (ZSTD_MAX_RATIO, CorruptBlock, checksum, decode_block, encode_block, frame,
+                              read_header, verify_stored)
 from hsx.codecs.dataset import decode_sample, encode_sample, read_fp8
 from hsx.codecs.fp8 import error_bound, from_fp8, narrow, to_fp8, widen
 from hsx.codecs.fp8_blocks import fp8_rows, quantize_block
@@ -182,7 +183,10 @@ def test_every_wire_codec_round_trips_bit_exact(sample: Sample, codec: Codec, to
         codec, sample.dtype, sample.shape, token_start, token_start + sample.shape[0], checksum(sample.raw))
     out = memoryview(bytearray(len(sample.raw)))
     assert decode_block(value, out=out) == (header, out) and out == sample.raw
-    assert verify_block(value) == header
+    assert verify_stored(value) == header
+    legacy = without_payload_checksum(value)  # as written before blocks carried one: read as it always was
+    assert header.payload_checksum == checksum(read_header(value)[1]) and b"payload_checksum" not in legacy
+    assert decode_block(legacy) == (header.model_copy(update={"payload_checksum": None}), raw)
     inside = memoryview(b"\xff" * 5 + value + b"\xff" * 3)[5:-3]  # a view into a larger buffer, as the sink has
     assert decode_block(inside)[1] == sample.raw
 
@@ -248,7 +252,7 @@ def _block_decoders(sample: Sample) -> list[Callable[[bytes], object]]:
         header, raw = decode_block(value)
         return header, bytes(raw)
 
-    return [plain, with_out, verify_block]
+    return [plain, with_out, verify_stored]
 
 
 def _fp8_block_decoders(sample: Sample) -> list[Callable[[bytes], object]]:
@@ -346,7 +350,7 @@ def test_a_flipped_bit_is_refused_or_invisible_by_region(record: tuple[Kind, Sam
                                                          data: st.DataObject) -> None:
     """Every bit of the magic, length and header (by the first reader: the others
     parse the header with the same code), and drawn bits of the payload (by every
-    reader, ``decode_block`` with and without ``out=`` and ``verify_block`` for a
+    reader, ``decode_block`` with and without ``out=`` and ``verify_stored`` for a
     block)."""
     kind, sample, value = record
     spans = regions(value)
@@ -359,19 +363,34 @@ def test_a_flipped_bit_is_refused_or_invisible_by_region(record: tuple[Kind, Sam
         assert_refused_or_same(kind, sample, value, flipped(value, bit), may_pass=region == "zstd")
 
 
+def without_payload_checksum(value: bytes) -> bytes:
+    """The record as encoders wrote it before blocks carried a payload checksum."""
+    header, payload = read_header(value)
+    return frame(MAGIC, header.model_copy(update={"payload_checksum": None}), [payload])
+
+
 @pytest.mark.parametrize("codec", [Codec.ZSTD, Codec.BYTEPLANE_ZSTD])
-def test_a_flip_zstd_ignores_decodes_the_same(codec: Codec) -> None:
+def test_a_flip_zstd_ignores_is_refused_by_the_payload_checksum(codec: Codec) -> None:
     """Bit 4 of a zstd frame's header descriptor (its fifth byte) is unused (RFC 8878,
-    3.1.1.1.1): the decoder ignores it, the bytes come out the same, CRC and all.
-    (Some bits of the compressed blocks' table descriptions are as invisible: about
-    one zstd bit in a thousand, on hidden-state-like blocks.)"""
+    3.1.1.1.1): the decoder ignores it, the bytes come out the same, raw CRC and
+    all. (Some bits of the compressed blocks' table descriptions are as invisible:
+    about one zstd bit in a thousand, on hidden-state-like blocks.) The payload
+    checksum refuses it, in the sink without decoding and in every reader; a record
+    written before payload checksums still decodes the same, as it always did."""
     sample = special_sample(DType.BFLOAT16, tokens=8, layers=4)
     value = encode_block(sample.raw, shape=sample.shape, dtype=sample.dtype, token_start=0, codec=codec)
+    legacy = without_payload_checksum(value)
     zstd = [start for start, _, name in regions(value) if name == "zstd"]
-    assert zstd
-    for start in zstd:
+    legacy_zstd = [start for start, _, name in regions(legacy) if name == "zstd"]
+    assert zstd and len(zstd) == len(legacy_zstd)
+    for start, legacy_start in zip(zstd, legacy_zstd):
         damaged = flipped(value, (start + 4) * 8 + 4)
-        assert damaged != value and decode_block(damaged) == decode_block(value)
+        for read in (decode_block, verify_stored):
+            with pytest.raises(CorruptBlock, match="payload checksum mismatch"):
+                read(damaged)
+        damaged_legacy = flipped(legacy, (legacy_start + 4) * 8 + 4)
+        assert damaged_legacy != legacy and decode_block(damaged_legacy)[1] == decode_block(value)[1]
+        assert verify_stored(damaged_legacy) == verify_stored(legacy)
 
 
 # -- 4. fp8's documented bound -----------------------------------------------------------------------

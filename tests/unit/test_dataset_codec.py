@@ -13,6 +13,7 @@ from hsx.codecs.dataset import decode_sample, encode_sample, read_fp8
 from hsx.codecs.fp8 import error_bound, widen
 from hsx.runtime.tensors import TORCH_DTYPES
 from hsx.schemas import DType
+from hsx.schemas.blocks import FRAME_PREFIX
 from hsx.schemas.dataset_codec import DatasetCodec
 
 SHAPE = (37, 3, 64)
@@ -68,7 +69,7 @@ def test_byteplane_samples_are_the_block_records_as_they_came() -> None:
 @pytest.mark.parametrize("codec", [c for c in DatasetCodec if c is not DatasetCodec.RAW])
 def test_every_flipped_payload_byte_is_detected(codec: DatasetCodec) -> None:
     value = encode_sample(sample(DType.BFLOAT16), shape=SHAPE, dtype=DType.BFLOAT16, codec=codec)
-    header_end = value.index(b"}]}") + 3
+    header_end = FRAME_PREFIX.size + FRAME_PREFIX.unpack_from(value)[1]
     for position in range(header_end, len(value), max(1, (len(value) - header_end) // 150)):
         damaged = bytearray(value)
         damaged[position] ^= 0x10
