@@ -99,6 +99,12 @@ ACCEPTANCE: tuple[Block, ...] = (When("acceptance_train_prompts", (
     Bullets((
         "speculators' own validation of (a) (its held-out 10 % of the training rows, same domain): full "
         "accuracy per draft position {acceptance_offline_val_full_acc!s}",
+        "speculators' own validation after (c)'s and (d)'s last epoch: {acceptance_reference_val_full_acc!s} and "
+        "{acceptance_shifted_val_full_acc!s}. The shifted control scores highest of all drafts: its loss is "
+        "against the verifier's next-token distribution taken from the same shifted hidden states, so with every "
+        "position a step late the draft learns to repeat the token it is given. In vLLM it is useless (acceptance "
+        "length {acceptance_shifted_acceptance_length}): only acceptance measured in the engine sees such a data "
+        "error",
         "generation + capture (`hsx run`): {acceptance_data_s} s; export: {acceptance_export_s} s; "
         "HF reference hidden states: {acceptance_reference_hf_s} s",
         "evaluation, per draft (120 prompts with and without it): {acceptance_offline_eval_s} s. Tokens/s are "
