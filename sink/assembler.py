@@ -215,7 +215,7 @@ class Assembler:
             if self._keep_records and records_fit(headers):
                 stored = back_to_back if back_to_back is not None else b"".join(records)
                 return Sample(manifest, stored, offsets, codec=DatasetCodec.BYTEPLANE_ZSTD,
-                              checksum=_verified(manifest, records))
+                              checksum=_verified(manifest, records, headers))
             return Sample(manifest, _decoded(manifest, records), offsets, records)
         except InvalidInput as exc:
             return RejectedRecords(exc.error_class, exc.reason, offsets, manifest.request_id, manifest_value)
@@ -261,14 +261,13 @@ def _decoded(manifest: Manifest, records: list[Buffer]) -> bytearray:
     return raw
 
 
-def _verified(manifest: Manifest, records: list[Buffer]) -> str:
+def _verified(manifest: Manifest, records: list[Buffer], headers: list[BlockHeader]) -> str:
     """Verify each block as stored (its payload checksum; a block written before
     those is decoded into a reused buffer); the checksum of the sample's raw
-    bytes, combined from the blocks'."""
-    headers = []
-    for ref, record in zip(manifest.blocks, records):
+    bytes, combined from the blocks'. ``headers``: the records', as read."""
+    for ref, record, header in zip(manifest.blocks, records, headers):
         with _corrupt(ref.index):
-            headers.append(verify_stored(record))
+            verify_stored(record, header)
     return combined_checksum(headers)
 
 

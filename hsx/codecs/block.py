@@ -275,14 +275,19 @@ def decode_block(value: Buffer, out: memoryview | None = None) -> tuple[BlockHea
     return header, raw
 
 
-def verify_stored(value: Buffer) -> BlockHeader:
+def verify_stored(value: Buffer, header: BlockHeader | None = None) -> BlockHeader:
     """Check a record that is stored as it came, whose raw bytes nobody keeps:
-    its header, its payload's framing (:func:`read_header`) and its payload
+    its header, its payload's framing (:func:`read_header`; given ``header``, the
+    one it returned for ``value``, that is not done again) and its payload
     checksum, without decoding it; the raw checksum is checked where it is read
     (:func:`decode_block`). A record without a payload checksum (written before
     it existed) is decoded into a reused per-thread buffer and checked against
     its raw checksum instead. Unquantized blocks only."""
-    header, payload = read_header(value)
+    if header is None:
+        header, payload = read_header(value)
+    else:
+        view = memoryview(value).cast("B")
+        payload = view[view.nbytes - sum(segment.nbytes for segment in header.segments):]
     if header.payload_checksum is None:
         decode_block(value, out=memoryview(_scratch("verify", header.raw_nbytes)))
     else:

@@ -188,7 +188,7 @@ def test_every_wire_codec_round_trips_bit_exact(sample: Sample, codec: Codec, to
     assert header.payload_checksum == checksum(read_header(value)[1]) and b"payload_checksum" not in legacy
     assert decode_block(legacy) == (header.model_copy(update={"payload_checksum": None}), raw)
     inside = memoryview(b"\xff" * 5 + value + b"\xff" * 3)[5:-3]  # a view into a larger buffer, as the sink has
-    assert decode_block(inside)[1] == sample.raw
+    assert decode_block(inside)[1] == sample.raw and verify_stored(inside, header) == header
 
 
 @properties(40)
