@@ -17,6 +17,8 @@ for a shard that is not what its header or its index says.
 
 from __future__ import annotations
 
+import errno
+import os
 import struct
 from collections.abc import Iterable
 from functools import cache
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from safetensors import SafetensorError, safe_open
 
+from hsx.dataset.sample import FileRange
 from hsx.dataset.storage import Storage, Writer
 from hsx.runtime.errors import HsxError
 
@@ -60,25 +63,88 @@ MAX_HEADER_BYTES = 100_000_000
 declared length is damage, not a header to fetch."""
 
 
-def write_safetensors(out: Writer, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> int:
+def write_safetensors(out: Writer, tensors: dict[str, torch.Tensor | FileRange], metadata: dict[str, str]) -> int:
     """Write ``tensors`` and ``metadata`` to ``out`` as one safetensors file,
     tensor by tensor (no copy of the whole); return its size. Widest elements
-    first, so every tensor starts at a multiple of its element size."""
-    order = sorted(tensors, key=lambda name: -tensors[name].element_size())  # stable: given order per width
+    first, so every tensor starts at a multiple of its element size. A
+    :class:`FileRange` is a 1-D uint8 tensor whose bytes are copied from its file
+    (:func:`copy_range`)."""
+    def width(name: str) -> int:
+        tensor = tensors[name]
+        return 1 if isinstance(tensor, FileRange) else tensor.element_size()
+
+    order = sorted(tensors, key=lambda name: -width(name))  # stable: given order per width
     header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
     offset = 0
     for name in order:
         tensor = tensors[name]
-        size = tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": _names()[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        if isinstance(tensor, FileRange):
+            dtype, shape, size = "U8", [tensor.length], tensor.length
+        else:
+            dtype, shape, size = _names()[tensor.dtype], list(tensor.shape), tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
         offset += size
     encoded = orjson.dumps(header)
     encoded += b" " * (-len(encoded) % 8)  # padded as safetensors pads it: tensors stay 8-byte aligned
     out.write(struct.pack("<Q", len(encoded)))
     out.write(encoded)
     for name in order:
-        out.write(_as_bytes(tensors[name]))
+        tensor = tensors[name]
+        if isinstance(tensor, FileRange):
+            copy_range(tensor, out)
+        else:
+            out.write(_as_bytes(tensor))
     return 8 + len(encoded) + offset
+
+
+_COPY_CHUNK = 8 << 20
+_NO_KERNEL_COPY = (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF)
+
+
+def copy_range(source: FileRange, out: Writer) -> None:
+    """Append ``source``'s bytes to ``out``. Into a file, the kernel copies them
+    (``copy_file_range``: no pass through this process; a reflink where the file
+    system shares blocks), else they are read in chunks and written. ``OSError``
+    if the file holds fewer bytes than ``source`` says (it changed since it was
+    verified)."""
+    with open(source.path, "rb") as src:
+        dst = _fileno(out)
+        done = 0 if dst is None else _kernel_copy(src.fileno(), dst, source, out)
+        while done < source.length:
+            chunk = os.pread(src.fileno(), min(_COPY_CHUNK, source.length - done), source.offset + done)
+            if not chunk:
+                break
+            out.write(chunk)
+            done += len(chunk)
+    if done != source.length:
+        raise OSError(errno.EIO, f"{source.path} holds {done} of the {source.length} bytes from offset "
+                                 f"{source.offset} that were verified in it")
+
+
+def _fileno(out: Writer) -> int | None:
+    """The file descriptor ``out`` writes to, if it writes to a file."""
+    try:
+        return int(out.fileno())  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last two
+        return None
+
+
+def _kernel_copy(src: int, dst: int, source: FileRange, out: Writer) -> int:
+    """Bytes copied by ``copy_file_range`` (0 where the kernel cannot: another
+    file system on an old kernel, a file system without it)."""
+    out.flush()  # type: ignore[attr-defined]  # what the writer buffered goes first
+    done = 0
+    try:
+        while done < source.length:
+            copied = os.copy_file_range(src, dst, source.length - done, source.offset + done)
+            if not copied:
+                break
+            done += copied
+    except OSError as exc:
+        if exc.errno not in _NO_KERNEL_COPY or done:
+            raise
+    out.seek(0, os.SEEK_END)  # type: ignore[attr-defined]  # the writer's position, after bytes written behind it
+    return done
 
 
 def _as_bytes(tensor: torch.Tensor) -> memoryview:

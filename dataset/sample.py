@@ -4,6 +4,7 @@ from block records, the dataset's encoding and shard writer store it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from typing_extensions import Buffer
@@ -12,13 +13,28 @@ from hsx.schemas import Manifest
 from hsx.schemas.dataset_codec import DatasetCodec
 
 
+@dataclass(frozen=True)
+class FileRange:
+    """Bytes a sample stores that stay in a local file until its shard is
+    written, which copies them from there (``copy_file_range``: the kernel's copy,
+    none through this process): a staged object in a directory, verified when it
+    was read, and not deleted before the sample is durable."""
+
+    path: Path
+    offset: int
+    length: int
+
+    def __len__(self) -> int:
+        return self.length
+
+
 @dataclass
 class Sample:
     """A verified sample: its manifest and the raw bytes of ``[T, L, H]``, or,
     once :func:`hsx.dataset.encoding.encode` ran, the bytes its shard stores."""
 
     manifest: Manifest
-    hidden_states: bytes | memoryview
+    hidden_states: bytes | memoryview | FileRange
     offsets: list[int]
     """Offsets of all its records (blocks and manifest) in the partition."""
     records: list[Buffer] = field(default_factory=list)
@@ -36,3 +52,8 @@ class Sample:
     @property
     def manifest_offset(self) -> int:
         return self.offsets[-1]
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of it this process holds in memory."""
+        return 0 if isinstance(self.hidden_states, FileRange) else len(self.hidden_states)

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from hsx.codecs.block import checksum
 from hsx.dataset.encoding import read_token_ids, stored_tensor
 from hsx.dataset.safetensors_io import open_shard, write_safetensors
-from hsx.dataset.sample import Sample
+from hsx.dataset.sample import FileRange, Sample
 from hsx.dataset.storage import Storage
 from hsx.runtime.errors import HsxError
 from hsx.schemas import HiddenStatesReady, ShardIndex, TensorNames, format_validation_error, ready_event_id
@@ -80,6 +80,9 @@ class OpenShard:
     by_id: dict[str, Sample] = field(default_factory=dict)
     """The same samples by request id: each new sample is looked up here."""
     nbytes: int = 0
+    """The bytes its samples store: its shard's size, near enough."""
+    held_bytes: int = 0
+    """The part of ``nbytes`` held in memory (the rest is in files: :class:`FileRange`)."""
     opened_at: float = field(default_factory=time.monotonic)
     last_added_at: float = field(default_factory=time.monotonic)
 
@@ -99,6 +102,7 @@ class OpenShard:
         self.samples.append(sample)
         self.by_id[sample.manifest.request_id] = sample
         self.nbytes += len(sample.hidden_states)
+        self.held_bytes += sample.held_bytes
 
     def due(self, now: float, max_age: float, when_idle: float | None) -> bool:
         """Old enough, or idle long enough (when ``when_idle`` is set), to close."""
@@ -116,7 +120,7 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
 
     stem = shard.stem
     shard_path = f"{SHARDS}/{stem}.safetensors"
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, torch.Tensor | FileRange] = {}
     events = []
     for sample in shard.samples:
         m = sample.manifest
@@ -133,7 +137,7 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
         events.append(HiddenStatesReady(
             event_id=ready_event_id(dataset, rid), request_id=rid, shard=shard_path, tensors=names,
             num_tokens=m.num_tokens, layer_ids=m.layer_ids, dtype=m.dtype, hidden_size=m.hidden_size,
-            model=m.model, checksum=sample.checksum or checksum(sample.hidden_states), metadata=m.metadata,
+            model=m.model, checksum=sample.checksum or _checksum(sample), metadata=m.metadata,
             generation=m.generation, capture=m.capture, codec=sample.codec,
             shape=(m.captured_tokens, len(m.layer_ids), m.hidden_size)))
     first = shard.samples[0].manifest
@@ -148,6 +152,12 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
                        first_offset=shard.samples[0].manifest_offset, events=events)
     storage.write_atomic(f"{INDEX}/{stem}.json", index.model_dump_json().encode())
     return events
+
+
+def _checksum(sample: Sample) -> str:
+    if isinstance(sample.hidden_states, FileRange):  # only kept as one with its checksum
+        raise ValueError(f"{sample.manifest.request_id}: stored from a file, without its checksum")
+    return checksum(sample.hidden_states)
 
 
 def shard_keys(shard: OpenShard) -> np.ndarray:

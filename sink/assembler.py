@@ -105,6 +105,11 @@ class Assembler:
         self._max_sample_bytes = max_sample_bytes
 
     @property
+    def keeps_records(self) -> bool:
+        """Whether samples whose records fit are stored as the records came."""
+        return self._keep_records
+
+    @property
     def pending_bytes(self) -> int:
         return sum(p.nbytes for p in self._pending.values())
 

@@ -112,7 +112,7 @@ class PartitionState:
 
     @property
     def buffered_bytes(self) -> int:
-        return self.assembler.pending_bytes + self.shard.nbytes + sum(shard.nbytes for shard in self.closed)
+        return self.assembler.pending_bytes + self.shard.held_bytes + sum(shard.held_bytes for shard in self.closed)
 
     def stored_copy(self, storage: Storage, request_id: str, token_ids: list[int]) -> StoredCopy | None:
         """The copy of ``request_id`` the partition already holds (in the dataset,

@@ -16,7 +16,11 @@ Per by-reference manifest, in the sink's loop:
    ``payload_missing``, a short one ``payload_corrupt``; storage that does not
    answer raises ``OSError``: the caller keeps the manifest, commits nothing
    past it and tries again after a backoff;
-4. the assembler verifies every block as it would block records;
+4. the assembler verifies every block as it would block records. A sample
+   stored as its records came (``byteplane-zstd``) from a staged object in a
+   directory is read into a reused buffer to be verified, and then left in its
+   file (:class:`~hsx.dataset.sample.FileRange`): its shard copies it from there
+   (step 5 keeps the file until then), so the sink holds none of its bytes;
 5. once the sample's shard is durable, or the sample is dropped as a duplicate
    of one that is (of one in a shard not yet written: once that shard is), its
    key waits in :class:`StagedObjects`, which deletes it at the start of the
@@ -29,7 +33,8 @@ manifest names (an extractor killed between upload and manifest, a failed
 attempt), dead letters' once inspected, and a lost partition's (its next owner
 may not know of our last shard yet). It must exceed how long a manifest can wait
 uncommitted (the blocks topic's retention): an older object is deleted even if a
-manifest still names it.
+manifest still names it, and a shard whose sample was left in it cannot be
+written (the write is retried, logged, until the sink restarts and replays).
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
 
-from hsx.dataset.sample import Sample
+from hsx.dataset.sample import FileRange, Sample
 from hsx.dataset.storage import Storage
 from hsx.runtime.errors import ServiceFailed
 from hsx.runtime.kafka.watermarks import TopicPartitionKey
@@ -58,9 +65,14 @@ class PayloadReader:
     """Reads by-reference samples' blocks from the payload store. ``fail`` stops
     the service (the sink was given no payload store)."""
 
-    def __init__(self, storage: Storage | None, fail: Callable[[BaseException], None]) -> None:
+    def __init__(self, storage: Storage | None, fail: Callable[[BaseException], None],
+                 buffer_max: int = 256 << 20) -> None:
         self._storage = storage
         self._fail = fail
+        self._buffer = bytearray()
+        """Staged objects from a directory are read into it to be verified, reused."""
+        self._buffer_max = buffer_max
+        """Larger objects are read as from an object store, into a buffer of their own."""
 
     def accept(self, state: PartitionState, staged: Staged) -> list[Sample | RejectedRecords]:
         """The sample of a by-reference manifest, or why it cannot be one; none
@@ -111,6 +123,11 @@ class PayloadReader:
             return staged.reject(ErrorClass.PAYLOAD_FORBIDDEN, f"the manifest names {payload.key!r}; "
                                  f"its attempt's staged object can only be {expected!r}")
         location = self.location(payload.key)
+        path = self._storage.local_path(payload.key)
+        if path is not None and assembler.keeps_records:
+            kept = self._left_in_file(staged, assembler, path, location)
+            if kept is not None:
+                return kept
         try:  # the blocks tile the object (the manifest's schema checks it): one read, one buffer
             (whole,) = self._storage.read_ranges(payload.key, [(0, payload.nbytes)])
         except FileNotFoundError:
@@ -119,6 +136,32 @@ class PayloadReader:
             return staged.reject(ErrorClass.PAYLOAD_CORRUPT, f"staged object {location} is shorter than its "
                                  f"manifest says ({len(whole)} of {payload.nbytes} bytes)")
         return assembler.complete(staged, whole, location)
+
+    def _left_in_file(self, staged: Staged, assembler: Assembler, path: Path,
+                      location: str) -> Sample | RejectedRecords | None:
+        """The sample with its bytes left in the staged file, verified from the
+        reused buffer; or why it cannot be one; or None when it is not stored as
+        its records came (decoded, it needs bytes of its own: read it again)."""
+        nbytes = staged.manifest.payload.nbytes  # type: ignore[union-attr]
+        if nbytes > self._buffer_max:
+            return None
+        if len(self._buffer) < nbytes:
+            self._buffer = bytearray(nbytes)
+        view = memoryview(self._buffer)[:nbytes]
+        try:
+            with path.open("rb", buffering=0) as file:
+                got = 0
+                while got < nbytes and (n := file.readinto(view[got:])):
+                    got += n
+        except FileNotFoundError:
+            return staged.reject(ErrorClass.PAYLOAD_MISSING, f"staged object {location} does not exist")
+        if got != nbytes:
+            return staged.reject(ErrorClass.PAYLOAD_CORRUPT, f"staged object {location} is shorter than its "
+                                 f"manifest says ({got} of {nbytes} bytes)")
+        done = assembler.complete(staged, view, location)
+        if isinstance(done, Sample):
+            return replace(done, hidden_states=FileRange(path, 0, nbytes)) if done.hidden_states is view else None
+        return done
 
 
 class StagedObjects:

@@ -5,6 +5,7 @@ before anything is sized from it."""
 
 from __future__ import annotations
 
+import io
 import struct
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import load
 
 from hsx.dataset.safetensors_io import CorruptShard, RemoteShard, open_shard, write_safetensors
+from hsx.dataset.sample import FileRange
 from hsx.dataset.storage import LocalStorage
 from hsx.runtime.errors import HsxError
 
@@ -164,3 +166,43 @@ def test_both_kinds_of_shard_describe_tensors_and_refuse_alike(tmp_path: Path) -
     with pytest.raises(CorruptShard, match="shards/x.safetensors: not a safetensors file") as refused:
         open_shard(storage, "shards/x.safetensors")
     assert isinstance(refused.value, HsxError)
+
+
+class _NotAFile(io.BytesIO):
+    """A writer without a file descriptor, as an object store's is."""
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("fileno")
+
+
+@pytest.mark.parametrize("into", ["file", "not a file"])
+def test_file_ranges_are_copied_into_the_shard_as_uint8_tensors(tmp_path: Path, into: str) -> None:
+    """A :class:`FileRange` is written as the 1-D uint8 tensor of its bytes: into
+    a file by the kernel's copy, into anything else by reads and writes; the
+    tensors around it land where the header says."""
+    source = tmp_path / "staged.bin"
+    source.write_bytes(bytes(range(256)) * 40)
+    tensors: dict[str, torch.Tensor | FileRange] = {
+        "f/hidden_states": FileRange(source, 100, 5_000), **_tensors(), "z/hidden_states": FileRange(source, 0, 3)}
+    if into == "file":
+        _write(tmp_path / "out", tensors, {"codec": "byteplane-zstd"})
+        data = (tmp_path / "out" / "shards" / "x.safetensors").read_bytes()
+    else:
+        out = _NotAFile()
+        write_safetensors(out, tensors, {"codec": "byteplane-zstd"})
+        data = out.getvalue()
+    loaded = load(data)
+    assert loaded["f/hidden_states"].dtype == torch.uint8
+    assert loaded["f/hidden_states"].numpy().tobytes() == source.read_bytes()[100:5_100]
+    assert loaded["z/hidden_states"].numpy().tobytes() == b"\x00\x01\x02"
+    for name, tensor in _tensors().items():
+        assert loaded[name].dtype == tensor.dtype and loaded[name].shape == tensor.shape, name
+        assert loaded[name].view(torch.uint8).numpy().tobytes() == tensor.view(torch.uint8).numpy().tobytes(), name
+
+
+def test_a_file_range_past_its_file_end_fails_the_write(tmp_path: Path) -> None:
+    source = tmp_path / "staged.bin"
+    source.write_bytes(b"x" * 10)
+    with pytest.raises(OSError, match="holds 6 of the 8 bytes from offset 4"):
+        _write(tmp_path / "out", {"a": FileRange(source, 4, 8)}, {})
+    assert not (tmp_path / "out" / "shards" / "x.safetensors").exists()
