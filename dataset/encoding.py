@@ -24,7 +24,7 @@ from hsx.codecs.block import CorruptBlock, checksum, read_header
 from hsx.codecs.dataset import decode_sample, encode_fp8_sample, encode_sample
 from hsx.codecs.fp8 import from_fp8, narrow
 from hsx.dataset.safetensors_io import safetensors_dtype
-from hsx.dataset.sample import FileRange, Sample
+from hsx.dataset.sample import FileRange, Pieces, Sample
 from hsx.runtime.errors import HsxError
 from hsx.schemas import BlockHeader, Codec, HiddenStatesReady
 from hsx.schemas.dataset_codec import DatasetCodec
@@ -97,16 +97,17 @@ def records_fit(headers: Sequence[BlockHeader]) -> bool:
         h.codec is Codec.BYTEPLANE_ZSTD and h.quantization is None for h in headers)
 
 
-def stored_tensor(sample: Sample) -> torch.Tensor | FileRange:
+def stored_tensor(sample: Sample) -> torch.Tensor | Pieces | FileRange:
     """The tensor ``write_shard`` saves for ``sample``: ``[T, L, H]`` of its dtype
     when raw, else the encoded bytes as 1-D uint8. A view, not a copy; bytes kept
-    in a file stay there (:class:`FileRange`, written as 1-D uint8)."""
+    in pieces or in a file stay so (:class:`Pieces`, :class:`FileRange`: written
+    as 1-D uint8)."""
     import torch
 
     from hsx.runtime.tensors import TORCH_DTYPES
 
     m = sample.manifest
-    if isinstance(sample.hidden_states, FileRange):
+    if isinstance(sample.hidden_states, (FileRange, Pieces)):
         return sample.hidden_states
     if sample.codec is DatasetCodec.RAW:
         return _read_only_view(sample.hidden_states, TORCH_DTYPES[m.dtype]).view(

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from safetensors import SafetensorError, safe_open
 
-from hsx.dataset.sample import FileRange
+from hsx.dataset.sample import FileRange, Pieces
 from hsx.dataset.storage import Storage, Writer
 from hsx.runtime.errors import HsxError
 
@@ -63,23 +63,24 @@ MAX_HEADER_BYTES = 100_000_000
 declared length is damage, not a header to fetch."""
 
 
-def write_safetensors(out: Writer, tensors: dict[str, torch.Tensor | FileRange], metadata: dict[str, str]) -> int:
+def write_safetensors(out: Writer, tensors: dict[str, torch.Tensor | Pieces | FileRange],
+                      metadata: dict[str, str]) -> int:
     """Write ``tensors`` and ``metadata`` to ``out`` as one safetensors file,
     tensor by tensor (no copy of the whole); return its size. Widest elements
-    first, so every tensor starts at a multiple of its element size. A
-    :class:`FileRange` is a 1-D uint8 tensor whose bytes are copied from its file
-    (:func:`copy_range`)."""
+    first, so every tensor starts at a multiple of its element size.
+    :class:`Pieces` and a :class:`FileRange` are 1-D uint8 tensors, written
+    piece by piece and copied from their file (:func:`copy_range`)."""
     def width(name: str) -> int:
         tensor = tensors[name]
-        return 1 if isinstance(tensor, FileRange) else tensor.element_size()
+        return 1 if isinstance(tensor, (Pieces, FileRange)) else tensor.element_size()
 
     order = sorted(tensors, key=lambda name: -width(name))  # stable: given order per width
     header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
     offset = 0
     for name in order:
         tensor = tensors[name]
-        if isinstance(tensor, FileRange):
-            dtype, shape, size = "U8", [tensor.length], tensor.length
+        if isinstance(tensor, (Pieces, FileRange)):
+            dtype, shape, size = "U8", [len(tensor)], len(tensor)
         else:
             dtype, shape, size = _names()[tensor.dtype], list(tensor.shape), tensor.numel() * tensor.element_size()
         header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
@@ -92,6 +93,9 @@ def write_safetensors(out: Writer, tensors: dict[str, torch.Tensor | FileRange],
         tensor = tensors[name]
         if isinstance(tensor, FileRange):
             copy_range(tensor, out)
+        elif isinstance(tensor, Pieces):
+            for part in tensor.parts:
+                out.write(part)
         else:
             out.write(_as_bytes(tensor))
     return 8 + len(encoded) + offset

@@ -28,13 +28,33 @@ class FileRange:
         return self.length
 
 
+@dataclass(frozen=True)
+class Pieces:
+    """Bytes a sample stores as pieces that its shard writes one after another
+    (block records as they came, each a Kafka record's value), never joined into
+    one buffer."""
+
+    parts: tuple[Buffer, ...]
+    nbytes: int
+
+    @classmethod
+    def of(cls, parts: list[Buffer]) -> Pieces:
+        return cls(tuple(parts), sum(memoryview(part).nbytes for part in parts))
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.parts)
+
+
 @dataclass
 class Sample:
     """A verified sample: its manifest and the raw bytes of ``[T, L, H]``, or,
     once :func:`hsx.dataset.encoding.encode` ran, the bytes its shard stores."""
 
     manifest: Manifest
-    hidden_states: bytes | memoryview | FileRange
+    hidden_states: bytes | memoryview | Pieces | FileRange
     offsets: list[int]
     """Offsets of all its records (blocks and manifest) in the partition."""
     records: list[Buffer] = field(default_factory=list)

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from hsx.codecs.block import checksum
 from hsx.dataset.encoding import read_token_ids, stored_tensor
 from hsx.dataset.safetensors_io import open_shard, write_safetensors
-from hsx.dataset.sample import FileRange, Sample
+from hsx.dataset.sample import FileRange, Pieces, Sample
 from hsx.dataset.storage import Storage
 from hsx.runtime.errors import HsxError
 from hsx.schemas import HiddenStatesReady, ShardIndex, TensorNames, format_validation_error, ready_event_id
@@ -120,7 +120,7 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
 
     stem = shard.stem
     shard_path = f"{SHARDS}/{stem}.safetensors"
-    tensors: dict[str, torch.Tensor | FileRange] = {}
+    tensors: dict[str, torch.Tensor | Pieces | FileRange] = {}
     events = []
     for sample in shard.samples:
         m = sample.manifest
@@ -155,9 +155,10 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
 
 
 def _checksum(sample: Sample) -> str:
-    if isinstance(sample.hidden_states, FileRange):  # only kept as one with its checksum
+    stored = sample.hidden_states
+    if isinstance(stored, FileRange):  # only kept as one with its checksum
         raise ValueError(f"{sample.manifest.request_id}: stored from a file, without its checksum")
-    return checksum(sample.hidden_states)
+    return checksum(*stored.parts) if isinstance(stored, Pieces) else checksum(stored)
 
 
 def shard_keys(shard: OpenShard) -> np.ndarray:

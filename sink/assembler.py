@@ -31,7 +31,7 @@ from typing_extensions import Buffer
 from hsx.codecs.block import CorruptBlock, combined_checksum, decode_block, read_header, verify_stored
 from hsx.codecs.fp8_blocks import fp8_rows
 from hsx.dataset.encoding import records_fit
-from hsx.dataset.sample import Sample
+from hsx.dataset.sample import Pieces, Sample
 from hsx.runtime.errors import InvalidInput, unexpected
 from hsx.schemas import BlockHeader, BlockRecordHeaders, ErrorClass, Manifest, RecordKind, format_validation_error
 from hsx.schemas.dataset_codec import DatasetCodec
@@ -218,7 +218,7 @@ class Assembler:
             if manifest.quantization is not None:
                 return Sample(manifest, b"", offsets, records, fp8=_fp8_decoded(manifest, records))
             if self._keep_records and records_fit(headers):
-                stored = back_to_back if back_to_back is not None else b"".join(records)
+                stored = back_to_back if back_to_back is not None else Pieces.of(records)
                 return Sample(manifest, stored, offsets, codec=DatasetCodec.BYTEPLANE_ZSTD,
                               checksum=_verified(manifest, records, headers))
             return Sample(manifest, _decoded(manifest, records), offsets, records)

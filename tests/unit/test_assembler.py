@@ -12,7 +12,7 @@ import torch
 from hsx.codecs.block import CorruptBlock, checksum, encode_block, frame, read_header
 from hsx.codecs.dataset import decode_sample
 from hsx.dataset.encoding import encode
-from hsx.dataset.sample import Sample
+from hsx.dataset.sample import Pieces, Sample
 from hsx.schemas import BlockRecordHeaders, BlockRef, Codec, DType, Manifest, RecordKind, SourceRef
 from hsx.schemas.blocks import FRAME_PREFIX, MAGIC
 from hsx.schemas.dataset_codec import DatasetCodec
@@ -70,6 +70,8 @@ def test_records_kept_as_they_came_are_what_encoding_the_decoded_sample_stores()
     assert isinstance(kept, Sample) and isinstance(decoded, Sample)
     assert decoded.hidden_states == hidden.numpy().tobytes()
     assert kept.codec is DatasetCodec.BYTEPLANE_ZSTD and not kept.records
+    assert isinstance(kept.hidden_states, Pieces)  # the records' own values, never joined
+    assert all(part is record.value for part, record in zip(kept.hidden_states.parts, recs[:-1], strict=True))
     assert kept.checksum == checksum(hidden.numpy().tobytes())
     assert encode(kept, DatasetCodec.BYTEPLANE_ZSTD) is kept
     stored = encode(decoded, DatasetCodec.BYTEPLANE_ZSTD)
@@ -121,7 +123,7 @@ def test_records_kept_as_they_came_are_checked_as_stored_and_decoded_where_read(
     (kept,) = feed(Assembler(stored_as=DatasetCodec.BYTEPLANE_ZSTD), forged)
     assert isinstance(kept, Sample)
     with pytest.raises(CorruptBlock, match="block of tokens \\[4, 8\\)|does not decompress|checksum mismatch"):
-        decode_sample(kept.hidden_states, shape=(10, LAYERS, HIDDEN), dtype=DType.FLOAT32,
+        decode_sample(bytes(kept.hidden_states), shape=(10, LAYERS, HIDDEN), dtype=DType.FLOAT32,
                       codec=DatasetCodec.BYTEPLANE_ZSTD)
     assert _rejected(forged).error_class == "corrupt_block"
 

@@ -16,7 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import load
 
 from hsx.dataset.safetensors_io import CorruptShard, RemoteShard, open_shard, write_safetensors
-from hsx.dataset.sample import FileRange
+from hsx.dataset.sample import FileRange, Pieces
 from hsx.dataset.storage import LocalStorage
 from hsx.runtime.errors import HsxError
 
@@ -176,14 +176,16 @@ class _NotAFile(io.BytesIO):
 
 
 @pytest.mark.parametrize("into", ["file", "not a file"])
-def test_file_ranges_are_copied_into_the_shard_as_uint8_tensors(tmp_path: Path, into: str) -> None:
+def test_file_ranges_and_pieces_are_written_as_uint8_tensors(tmp_path: Path, into: str) -> None:
     """A :class:`FileRange` is written as the 1-D uint8 tensor of its bytes: into
-    a file by the kernel's copy, into anything else by reads and writes; the
-    tensors around it land where the header says."""
+    a file by the kernel's copy, into anything else by reads and writes; so are
+    :class:`Pieces`, one after another; the tensors around them land where the
+    header says."""
     source = tmp_path / "staged.bin"
     source.write_bytes(bytes(range(256)) * 40)
     tensors: dict[str, torch.Tensor | FileRange] = {
-        "f/hidden_states": FileRange(source, 100, 5_000), **_tensors(), "z/hidden_states": FileRange(source, 0, 3)}
+        "f/hidden_states": FileRange(source, 100, 5_000), **_tensors(), "z/hidden_states": FileRange(source, 0, 3),
+        "p/hidden_states": Pieces.of([b"abc", memoryview(b"defg"), b""])}
     if into == "file":
         _write(tmp_path / "out", tensors, {"codec": "byteplane-zstd"})
         data = (tmp_path / "out" / "shards" / "x.safetensors").read_bytes()
@@ -195,6 +197,7 @@ def test_file_ranges_are_copied_into_the_shard_as_uint8_tensors(tmp_path: Path, 
     assert loaded["f/hidden_states"].dtype == torch.uint8
     assert loaded["f/hidden_states"].numpy().tobytes() == source.read_bytes()[100:5_100]
     assert loaded["z/hidden_states"].numpy().tobytes() == b"\x00\x01\x02"
+    assert loaded["p/hidden_states"].numpy().tobytes() == b"abcdefg"
     for name, tensor in _tensors().items():
         assert loaded[name].dtype == tensor.dtype and loaded[name].shape == tensor.shape, name
         assert loaded[name].view(torch.uint8).numpy().tobytes() == tensor.view(torch.uint8).numpy().tobytes(), name
