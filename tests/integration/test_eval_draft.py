@@ -1,9 +1,10 @@
 """``hsx eval-draft`` from a plain shell, on a real engine: the tiny verifier with
-an EAGLE-3 draft that speculators' own train (through hsx.trainer.speculators_cpu)
-trained for an epoch on an ``hsx export``, with a reduced draft vocabulary (so
-vLLM maps its tokens through the checkpoint's d2t). The report's counts come from
-vLLM's counters and must agree with each other; greedy outputs must not change
-with the draft."""
+an EAGLE-3 draft trained in the test, both ways hsx offers: speculators' own
+train (through hsx.trainer.speculators_cpu) for an epoch on an ``hsx export``,
+and ``hsx train-draft`` for a few steps from ready events on the broker. Each has
+a reduced draft vocabulary (so vLLM maps its tokens through the checkpoint's
+d2t). The report's counts come from vLLM's counters and must agree with each
+other; greedy outputs must not change with the draft."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
 from hsx import models
+from hsx.local.training_data import TrainingDataSpec, write_training_dataset
+from hsx.runtime.settings import KafkaSettings
 from tests.integration.test_speculators import SPECULATORS_PY, run_speculators, tiny_train_flags
+from tests.integration.test_train_draft import SAMPLES, SPECULATORS_BIN, publish_ready, train_draft
 from tests.unit.input_files import write_jsonl
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
@@ -24,13 +29,37 @@ K = 3
 DRAFT_VOCAB = 200  # of tiny-llama's 1,000 tokens: tiny_train_flags' --draft-vocab-size
 
 
-def test_eval_draft_reports_consistent_counts_and_identical_outputs(tmp_path: Path, cache_dir: Path) -> None:
-    tiny = models.prepare(cache_dir, names=["tiny-llama"])["tiny-llama"]
+def offline_draft(tmp_path: Path, cache_dir: Path) -> Path:
+    """Trained by speculators' own train for an epoch on an hsx export."""
     flags = tiny_train_flags(tmp_path, cache_dir, layers=[1, 2, 3])  # as vLLM serves them: 3, ascending
     run_speculators([str(SPECULATORS_PY), "-m", "hsx.trainer.speculators_cpu", *flags, "--epochs", "1",
                      "--save-path", str(tmp_path / "trained")], tmp_path)
     draft = tmp_path / "trained" / "0"
     assert json.loads((draft / "config.json").read_text())["draft_vocab_size"] == DRAFT_VOCAB
+    return draft
+
+
+def online_draft(tmp_path: Path, cache_dir: Path, kafka: KafkaSettings) -> Path:
+    """Trained by ``hsx train-draft`` from a live stream of ready events, 3 steps."""
+    tiny = models.prepare(cache_dir, names=["tiny-llama"])["tiny-llama"]
+    config = json.loads((tiny / "config.json").read_text())
+    events = write_training_dataset(tmp_path / "ds", TrainingDataSpec(
+        samples=SAMPLES, min_tokens=16, max_tokens=30, layer_ids=(1, 2, 3, config["num_hidden_layers"]),
+        hidden_size=config["hidden_size"], vocab=config["vocab_size"], model=str(tiny)), partitions=1)
+    topic = publish_ready(kafka, events)
+    steps, _ = train_draft(SPECULATORS_BIN / "hsx", kafka, topic, f"draft-{uuid.uuid4().hex}", tmp_path / "ds", tiny,
+                           tmp_path / "draft", "--steps", "3")
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    draft = tmp_path / "draft" / "0"
+    assert json.loads((draft / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    return draft
+
+
+@pytest.mark.parametrize("trained", ["offline", "online"])
+def test_eval_draft_reports_consistent_counts_and_identical_outputs(tmp_path: Path, cache_dir: Path,
+                                                                    kafka: KafkaSettings, trained: str) -> None:
+    tiny = models.prepare(cache_dir, names=["tiny-llama"])["tiny-llama"]
+    draft = offline_draft(tmp_path, cache_dir) if trained == "offline" else online_draft(tmp_path, cache_dir, kafka)
     prompts = write_jsonl([{"request_id": "text", "prompt": "The capital of France is"},
                            {"request_id": "chat", "messages": [{"role": "user", "content": "Tell me a story."}]},
                            {"request_id": "ids", "token_ids": [5, 17, 300, 41]}], tmp_path / "prompts.jsonl")

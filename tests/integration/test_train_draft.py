@@ -58,7 +58,7 @@ def speculators_hsx() -> Path:
     return SPECULATORS_BIN / "hsx"
 
 
-def _publish(kafka: KafkaSettings, events: list[HiddenStatesReady]) -> str:
+def publish_ready(kafka: KafkaSettings, events: list[HiddenStatesReady]) -> str:
     """A fresh ready topic holding each event ``REPEATS`` times under event ids of
     their own (a re-announced event id would be delivered once). One partition,
     read in order: the first samples, whose tokens make the draft vocabulary,
@@ -74,7 +74,7 @@ def _publish(kafka: KafkaSettings, events: list[HiddenStatesReady]) -> str:
     return settings.ready
 
 
-def _train(hsx: Path, kafka: KafkaSettings, topic: str, group: str, dataset: Path, tiny: Path, save: Path,
+def train_draft(hsx: Path, kafka: KafkaSettings, topic: str, group: str, dataset: Path, tiny: Path, save: Path,
            *extra: str) -> tuple[list[dict[str, Any]], str]:
     """Run ``hsx train-draft``; its step lines (``--log-format json``) and its summary line."""
     argv = [str(hsx), "--log-format", "json", "train-draft", "--bootstrap", kafka.bootstrap,
@@ -120,10 +120,10 @@ def test_trains_speculators_draft_online_commits_what_it_trained_and_resumes(
     events = write_training_dataset(tmp_path / "ds", TrainingDataSpec(
         samples=SAMPLES, min_tokens=16, max_tokens=30, layer_ids=layers, hidden_size=config["hidden_size"],
         vocab=config["vocab_size"], model=str(tiny)), partitions=1)
-    topic = _publish(kafka, events)
+    topic = publish_ready(kafka, events)
     group, save = f"draft-{uuid.uuid4().hex}", tmp_path / "draft"
 
-    steps, summary = _train(speculators_hsx, kafka, topic, group, tmp_path / "ds", tiny, save, "--steps", "6")
+    steps, summary = train_draft(speculators_hsx, kafka, topic, group, tmp_path / "ds", tiny, save, "--steps", "6")
     assert [s["step"] for s in steps] == list(range(1, 7)), summary
     losses = [s["loss"] for s in steps]
     assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0], losses
@@ -154,7 +154,7 @@ def test_trains_speculators_draft_online_commits_what_it_trained_and_resumes(
     assert sorted(i + offset for i, offset in enumerate(loaded["d2t"])) == sorted(most_frequent)
 
     # Resumed: step 7 on, from the trained weights and the stream's position, new samples only.
-    resumed, summary = _train(speculators_hsx, kafka, topic, group, tmp_path / "ds", tiny, save, "--steps", "9")
+    resumed, summary = train_draft(speculators_hsx, kafka, topic, group, tmp_path / "ds", tiny, save, "--steps", "9")
     assert [s["step"] for s in resumed] == [7, 8, 9], summary
     assert resumed[0]["loss"] < (losses[0] + losses[-1]) / 2  # nearer the trained draft's than a new one's
     assert all(math.isfinite(s["loss"]) for s in resumed)
