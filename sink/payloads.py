@@ -125,7 +125,7 @@ class PayloadReader:
         location = self.location(payload.key)
         path = self._storage.local_path(payload.key)
         if path is not None and assembler.keeps_records:
-            kept = self._left_in_file(staged, assembler, path, location)
+            kept = self._left_in_file(staged, assembler, path, payload.nbytes, location)
             if kept is not None:
                 return kept
         try:  # the blocks tile the object (the manifest's schema checks it): one read, one buffer
@@ -137,12 +137,11 @@ class PayloadReader:
                                  f"manifest says ({len(whole)} of {payload.nbytes} bytes)")
         return assembler.complete(staged, whole, location)
 
-    def _left_in_file(self, staged: Staged, assembler: Assembler, path: Path,
+    def _left_in_file(self, staged: Staged, assembler: Assembler, path: Path, nbytes: int,
                       location: str) -> Sample | RejectedRecords | None:
         """The sample with its bytes left in the staged file, verified from the
         reused buffer; or why it cannot be one; or None when it is not stored as
         its records came (decoded, it needs bytes of its own: read it again)."""
-        nbytes = staged.manifest.payload.nbytes  # type: ignore[union-attr]
         if nbytes > self._buffer_max:
             return None
         if len(self._buffer) < nbytes:
