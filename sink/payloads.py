@@ -131,10 +131,9 @@ class PayloadReader:
         try:  # the blocks tile the object (the manifest's schema checks it): one read, one buffer
             (whole,) = self._storage.read_ranges(payload.key, [(0, payload.nbytes)])
         except FileNotFoundError:
-            return staged.reject(ErrorClass.PAYLOAD_MISSING, f"staged object {location} does not exist")
+            return _missing(staged, location)
         if len(whole) != payload.nbytes:  # a range past the end comes back cut
-            return staged.reject(ErrorClass.PAYLOAD_CORRUPT, f"staged object {location} is shorter than its "
-                                 f"manifest says ({len(whole)} of {payload.nbytes} bytes)")
+            return _short(staged, location, len(whole), payload.nbytes)
         return assembler.complete(staged, whole, location)
 
     def _left_in_file(self, staged: Staged, assembler: Assembler, path: Path, nbytes: int,
@@ -153,14 +152,22 @@ class PayloadReader:
                 while got < nbytes and (n := file.readinto(view[got:])):
                     got += n
         except FileNotFoundError:
-            return staged.reject(ErrorClass.PAYLOAD_MISSING, f"staged object {location} does not exist")
+            return _missing(staged, location)
         if got != nbytes:
-            return staged.reject(ErrorClass.PAYLOAD_CORRUPT, f"staged object {location} is shorter than its "
-                                 f"manifest says ({got} of {nbytes} bytes)")
+            return _short(staged, location, got, nbytes)
         done = assembler.complete(staged, view, location)
         if isinstance(done, Sample):
             return replace(done, hidden_states=FileRange(path, 0, nbytes)) if done.hidden_states is view else None
         return done
+
+
+def _missing(staged: Staged, location: str) -> RejectedRecords:
+    return staged.reject(ErrorClass.PAYLOAD_MISSING, f"staged object {location} does not exist")
+
+
+def _short(staged: Staged, location: str, got: int, nbytes: int) -> RejectedRecords:
+    return staged.reject(ErrorClass.PAYLOAD_CORRUPT, f"staged object {location} is shorter than its manifest says "
+                                                     f"({got} of {nbytes} bytes)")
 
 
 class StagedObjects:
