@@ -4,8 +4,9 @@ time (all records of a request share its key, hence its partition).
 Block records wait, per (request_id, attempt_id), for their manifest. The
 manifest completes the sample only if every block it lists arrived with the same
 attempt id, verifies (decodes, where the sample is stored decoded) and
-matches the manifest's checksums, token ranges and shape (fp8 blocks, ``hsx extract --wire-dtype fp8``, also that their codes and
-scales are what the quantization can produce). Anything else becomes a
+matches the manifest's checksums, token ranges and shape (fp8 blocks, ``hsx
+extract --wire-dtype fp8``, also that their codes and scales are what the
+quantization can produce). Anything else becomes a
 :class:`RejectedRecords` with a reason; attempts whose
 manifest never comes are rejected after a timeout, or as soon as another attempt
 of the same request completes (a killed extractor's leftovers).
