@@ -67,13 +67,15 @@ def _ipc_batches(source: pa.MemoryMappedFile, path: Path) -> Iterator[pa.RecordB
     """Opens the reader now (a bad file fails on entry), reads batches later."""
     # The file format (Feather v2, .arrow from pyarrow) has a footer; the stream
     # format (datasets' .arrow) has none. Try the one, then the other.
+    # Any pyarrow error (ArrowException: invalid, not implemented such as a 1-bit
+    # integer type, ...) or OSError (a footer that fails verification) is a bad file.
     try:
         reader = pa.ipc.open_file(source)
-    except (pa.ArrowInvalid, OSError):  # OSError: a footer that fails verification
+    except (pa.ArrowException, OSError):
         source.seek(0)
         try:
             return iter(pa.ipc.open_stream(source))
-        except (pa.ArrowInvalid, OSError) as exc:
+        except (pa.ArrowException, OSError) as exc:
             raise UsageError(f"cannot read {path} as Arrow IPC (file or stream format): {exc}") from exc
     return (reader.get_batch(index) for index in range(reader.num_record_batches))
 
