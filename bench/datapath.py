@@ -94,8 +94,8 @@ def load(spec: dict[str, Any]) -> dict[str, Any]:
                          CompletionSender(address))
     plan: list[tuple[int, int]] = spec["plan"]
     row_bytes = layers * hidden * rows.element_size()
-    # As in vLLM's worker: its EngineCore freezes the startup heap (vllm.utils.gc_utils.freeze_gc_heap) before
-    # serving, so the collector's full passes skip torch's objects. Unfrozen, they were 40 % of this process's CPU.
+    # As the connector does once its sender exists (HsxConnector.register_kv_caches, vLLM's freeze_gc_heap): the
+    # collector's full passes skip torch's objects. Unfrozen, they were 40 % of this process's CPU.
     gc.collect()
     gc.freeze()
     me = psutil.Process()

@@ -36,6 +36,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
     SupportsHMA,
 )
+from vllm.utils.gc_utils import freeze_gc_heap
 
 from hsx.extractor.completion import CompletionSender
 from hsx.extractor.connector.gather import CudaGatherer, Gathered, gather_cpu
@@ -153,6 +154,11 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         if self._is_sending_rank():
             self._sender = BlockSender(self._config, read_kafka_settings(self._config.kafka_settings_file),
                                        self._layer_ids, CompletionSender(self._config.completion_address))
+            # The model and its caches exist now: out of the collector's way. EngineCore freezes its heap too,
+            # but a rank in a process of its own (tensor parallel) is never frozen by vLLM, and the sender's
+            # per-block objects would make the collector's full passes walk the whole model (half of the
+            # sending process's CPU in bench.datapath before it froze its heap).
+            freeze_gc_heap()
 
     def _is_sending_rank(self) -> bool:
         """Only tensor-parallel rank 0 produces: every rank holds the same hidden states."""
