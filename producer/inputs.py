@@ -216,7 +216,7 @@ def read_json_array(stream: IO[bytes], source: str) -> Iterator[SourceLine]:
     events = ijson.parse(stream, use_float=True)
     try:
         first = next(events, None)
-    except ijson.JSONError as exc:
+    except (ijson.JSONError, UnicodeDecodeError) as exc:  # the last: a string that is not UTF-8
         raise UsageError(f"{source}: not valid JSON: {exc}") from exc
     if first is None or first[1] != "start_array":
         found = "nothing" if first is None else f"a JSON {_JSON_KIND.get(first[1], first[1])}"
@@ -231,7 +231,7 @@ def _json_rows(events: Iterator[tuple[str, str, object]], source: str) -> Iterat
         for record in ijson.items(events, "item"):
             row_no += 1
             yield record_line(source, row_no, record)
-    except ijson.JSONError as exc:
+    except (ijson.JSONError, UnicodeDecodeError) as exc:
         raise UsageError(f"{source}: not valid JSON after row {row_no}: {exc}") from exc
 
 
