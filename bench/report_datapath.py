@@ -93,4 +93,14 @@ DATAPATH: tuple[Block, ...] = (When("datapath_inline_mb_s", (
         "S3) and 2 (path) CPU-seconds per GB are not met on this machine: compare the transports here, not the "
         "absolute figures.",
     )),
+)), When("upload_signing_signed_cpu_s_per_gb", (
+    "**Signing uploads** (`python -m bench.upload_signing`). SigV4 hashes a request's body (SHA-256) unless it "
+    "says `UNSIGNED-PAYLOAD`. hsx sends unsigned payloads over TLS, which protects them in transit, with its own "
+    "CRCs end to end, and signed ones over plain HTTP (`AWS_UNSIGNED_PAYLOAD` decides where set). One process "
+    "uploading the same random bytes through `S3Storage.open_atomic` in 1 MiB writes (as the connector stages and "
+    "the sink writes shards) to the local SeaweedFS, {upload_signing_gb_per_round} GB a round, "
+    "{upload_signing_rounds} rounds interleaved: signed {upload_signing_signed_cpu_s_per_gb} CPU-s per GB uploaded, "
+    "unsigned {upload_signing_unsigned_cpu_s_per_gb}. The rounds above run over loopback HTTP, so they pay the "
+    "signing: over TLS the connector side saves about {upload_signing_saved_cpu_s_per_gb} CPU-s per GB it stages "
+    "(and pays TLS's encryption instead), as does a sink writing its dataset to S3.",
 )),)

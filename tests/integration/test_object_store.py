@@ -66,6 +66,28 @@ def test_the_storage_contract_holds_on_disk_and_in_s3(storage: Storage) -> None:
         storage.read("keys/t-0001-0001.keys")
 
 
+@pytest.mark.parametrize(("endpoint", "unsigned"), [("", True), ("https://minio.example:9000", True),
+                                                    ("http://127.0.0.1:8333", False)])
+def test_payloads_go_unsigned_over_tls_only(endpoint: str, unsigned: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_UNSIGNED_PAYLOAD", raising=False)
+    assert s3_storage.store_config(endpoint).get("unsigned_payload", False) is unsigned
+    monkeypatch.setenv("AWS_UNSIGNED_PAYLOAD", "false")  # the user's word is left to obstore
+    assert s3_storage.store_config(endpoint) == {}
+
+
+def test_the_server_takes_unsigned_payloads(s3_dataset_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What goes over TLS in production (UNSIGNED-PAYLOAD), here over the test server's HTTP."""
+    monkeypatch.setattr(s3_storage, "store_config", lambda endpoint: {"unsigned_payload": True})
+    storage = open_storage(f"{s3_dataset_url}/unsigned", part_bytes=s3_storage.MIN_PART_BYTES)
+    assert storage.store.config.get("unsigned_payload") == "true"  # type: ignore[attr-defined]
+    data = torch.randint(0, 256, (11 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    with storage.open_atomic("shards/unsigned.bin") as out:  # a multipart upload of three parts
+        out.write(memoryview(data.numpy()))
+    storage.write_atomic("index/unsigned.json", b"{}")
+    assert storage.read("shards/unsigned.bin") == data.numpy().tobytes()
+    assert storage.read("index/unsigned.json") == b"{}"
+
+
 def test_a_listing_of_many_pages_is_followed_and_cut_short(s3_dataset_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(s3_storage, "_LIST_PAGE", 2)
     storage = open_storage(s3_dataset_url)
