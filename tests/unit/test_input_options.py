@@ -19,6 +19,7 @@ from hsx.producer.publisher import Mapping, Publisher
 from hsx.producer.sources import DatasetFormat, SourceLine
 from hsx.runtime.errors import UsageError
 from hsx.schemas import PromptEvent, Topics
+from tests.fuzz.target import REGRESSIONS as FUZZ_FINDINGS
 from tests.unit.input_files import text_rows, write_hf_dataset, write_hf_dataset_dict, write_jsonl, write_parquet
 
 
@@ -108,12 +109,14 @@ def _bad_inputs(tmp: Path) -> list[tuple[InputSpec, str]]:
     (tmp / "object.json").write_bytes(b'{"conversations": []}')
     (tmp / "empty.json").write_bytes(b"")
     (tmp / "plain-dir").mkdir()
+    (tmp / "narrow.arrow").write_bytes((FUZZ_FINDINGS / "input_arrow/integer-type-under-8-bits-not-implemented").read_bytes())
     write_jsonl(text_rows(2), tmp / "rows.jsonl")
     return [
         (InputSpec(str(tmp / "nope.parquet")), "cannot read .*nope.parquet: No such file or directory"),
         (InputSpec(str(tmp / "notes.txt")), r"unknown extension '.txt' .* --input-format"),
         (InputSpec(str(tmp / "fake.parquet")), "cannot read .*fake.parquet as Parquet: "),
         (InputSpec(str(tmp / "fake.arrow")), r"cannot read .*fake.arrow as Arrow IPC \(file or stream format\)"),
+        (InputSpec(str(tmp / "narrow.arrow")), r"cannot read .*narrow.arrow as Arrow IPC .*less than 8 bits"),
         (InputSpec(str(tmp / "object.json")), "must be one JSON array of rows, found a JSON object.*jsonl"),
         (InputSpec(str(tmp / "empty.json")), "empty.json: not valid JSON"),
         (InputSpec(str(tmp / "plain-dir")), "not one written by datasets.save_to_disk"),
@@ -122,6 +125,14 @@ def _bad_inputs(tmp: Path) -> list[tuple[InputSpec, str]]:
         (InputSpec(str(tmp / "rows.jsonl"), split="train"), "only a datasets.save_to_disk directory has splits"),
         (InputSpec("-", kind=InputKind.PARQUET), "needs a file, not standard input"),
     ]
+
+
+def test_a_json_row_that_is_not_utf8_is_a_usage_error_naming_the_row(tmp_path: Path) -> None:
+    path = tmp_path / "rows.json"
+    path.write_bytes(b'[{"prompt": "fine"}, {"prompt": "Question 0:\xe0\x88\x97"}]')
+    rows = read_input(InputSpec(str(path)))
+    with pytest.raises(UsageError, match=r"rows.json: not valid JSON after row 1: .*utf-8"):
+        list(rows)
 
 
 def test_bad_inputs_are_one_clear_usage_error_on_opening(tmp_path: Path) -> None:
