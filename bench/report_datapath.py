@@ -87,11 +87,21 @@ DATAPATH: tuple[Block, ...] = (When("datapath_inline_mb_s", (
         "machine (`python -m bench.datapath --rounds 2`, the tree before in a fresh clone, then after): sink "
         "CPU-s/GB inline 2.87 -> 1.35, S3 2.56 -> 2.17, directory 1.71 -> 0.65 (its RSS peak 896 -> 303 MiB); "
         "connector 2.26 / 2.42 / 1.77 -> 2.05 / 2.40 / 1.70; path 5.13 / 4.98 / 3.48 -> 3.40 / 4.58 / 2.34. "
-        "What is left: by reference on S3 each staged object is fetched into fresh memory and held until its "
-        "shard is written (a shard streamed to its file or multipart upload as samples arrive would hold none), "
-        "and the connector side (encoding, gather, send) is about 2 CPU-s/GB. The targets of at most 1 (sink, "
-        "S3) and 2 (path) CPU-seconds per GB are not met on this machine: compare the transports here, not the "
-        "absolute figures.",
+        "Then a profile of the connector side (`perf record -g -p <connector side>`, the data window only) put "
+        "31-41 % of its CPU in `gc_collect_main` and 8-13 % more in `visit_decref`/`visit_reachable`: Python's "
+        "collector making full passes over torch's objects, set off by the sender's per-block objects. vLLM's "
+        "EngineCore freezes its heap after startup, but a tensor-parallel rank in a process of its own is never "
+        "frozen: the connector's sending rank now calls vLLM's `freeze_gc_heap()` once its sender exists, and this "
+        "benchmark's connector side does the same. Connector CPU-s/GB in the published run before, 2.67 / 2.73 / "
+        "1.86 (inline / S3 / directory), in this one {datapath_inline_cpu_s_per_gb_connector} / "
+        "{datapath_s3_cpu_s_per_gb_connector} / {datapath_directory_cpu_s_per_gb_connector}. "
+        "What is left: encoding alone is 0.75-0.9 CPU-s/GB here (zstd's Huffman coder on the exponent plane 0.49, "
+        "the plane split 0.14), so the connector's target needs the rest of the send path near zero (inline, 20 % "
+        "of the connector side is the kernel zeroing fresh heap pages for the records in flight); by reference on "
+        "S3 each staged object is fetched into fresh memory and held until its shard is written, and the shard's "
+        "write into the page cache is a third of the sink (a shard streamed to its file or multipart upload as "
+        "samples arrive would hold none). The targets of at most 1 (sink, S3) and 2 (path) CPU-seconds per GB "
+        "are not met on this machine: compare the transports here, not the absolute figures.",
     )),
 )), When("upload_signing_signed_cpu_s_per_gb", (
     "**Signing uploads** (`python -m bench.upload_signing`). SigV4 hashes a request's body (SHA-256) unless it "
