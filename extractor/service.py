@@ -128,7 +128,7 @@ class Extractor:
             self._dead_letters.producer.poll(0)
             self._start_waiting()
             member.pause(self._backlog.should_pause(member.paused))
-            messages = member.poll(max(1, self._backlog.room), timeout=0)
+            messages = list(member.poll(max(1, self._backlog.room), timeout=0))
             self._backlog.add(messages)
             self._start_waiting()
             self.stats.in_flight(len(self._tasks), len(self._backlog))

@@ -101,6 +101,7 @@ class Assembler:
     def __init__(self, incomplete_timeout: float = 600.0, stored_as: DatasetCodec = DatasetCodec.RAW,
                  max_sample_bytes: int = DEFAULT_MAX_SAMPLE_BYTES) -> None:
         self._pending: dict[tuple[str, str], _Pending] = {}
+        self._pending_bytes = 0  # of every pending block record: the sink checks it after each record
         self._timeout = incomplete_timeout
         self._keep_records = stored_as is DatasetCodec.BYTEPLANE_ZSTD
         self._max_sample_bytes = max_sample_bytes
@@ -112,7 +113,7 @@ class Assembler:
 
     @property
     def pending_bytes(self) -> int:
-        return sum(p.nbytes for p in self._pending.values())
+        return self._pending_bytes
 
     def add(self, record: Record) -> Sample | Staged | RejectedRecords | None:
         """Feed one record; returns a finished sample, a by-reference manifest to
@@ -131,9 +132,12 @@ class Assembler:
         key = (request_id, headers.attempt_id)
         if headers.kind is RecordKind.BLOCK:
             assert headers.block_index is not None
-            self._pending.setdefault(key, _Pending()).blocks.setdefault(headers.block_index, record)
+            blocks = self._pending.setdefault(key, _Pending()).blocks
+            if headers.block_index not in blocks:  # else a copy: the first one counts
+                blocks[headers.block_index] = record
+                self._pending_bytes += len(record.value)
             return None
-        pending = self._pending.pop(key, _Pending())
+        pending = self._take(key) or _Pending()
         offsets = sorted(r.offset for r in pending.blocks.values()) + [record.offset]
         try:
             return self._manifest(record, request_id, headers.attempt_id, pending, offsets)
@@ -202,8 +206,16 @@ class Assembler:
         expired = [k for k, p in self._pending.items() if now - p.first_seen > self._timeout]
         return [self._incomplete(key, ErrorClass.INCOMPLETE_SAMPLE, f"no manifest within {self._timeout:.0f}s") for key in expired]
 
+    def _take(self, key: tuple[str, str]) -> _Pending | None:
+        """Stop holding an attempt's blocks; returns them."""
+        pending = self._pending.pop(key, None)
+        if pending is not None:
+            self._pending_bytes -= pending.nbytes
+        return pending
+
     def _incomplete(self, key: tuple[str, str], error_class: ErrorClass, why: str) -> RejectedRecords:
-        pending = self._pending.pop(key)
+        pending = self._take(key)
+        assert pending is not None
         request_id, attempt_id = key
         return RejectedRecords(error_class, f"attempt {attempt_id}: {len(pending.blocks)} block(s) but {why}",
                         sorted(r.offset for r in pending.blocks.values()), request_id)

@@ -126,6 +126,8 @@ class Sink:
             self._dead_letters.producer.poll(0)
             for message in self.member.poll(500, timeout=0.2):
                 self._accept(message)
+                if self._over_budget():
+                    break  # the rest waits in the client's queue; housekeeping pauses
             self._housekeeping()
             self.stats.buffered(self._buffered())
             self.member.tick()
@@ -249,7 +251,7 @@ class Sink:
         self._shards.reap(self._partitions.values())
         self._shards.republish(self._partitions.values())
         self._staged.sweep(now)
-        over = self._buffered() > self.options.max_buffer_bytes
+        over = self._over_budget()
         for state in self._partitions.values():
             for rejected in state.assembler.expire(now):
                 self._reject(state, rejected)
@@ -269,4 +271,7 @@ class Sink:
 
     def _buffered(self) -> int:
         return sum(s.buffered_bytes for s in self._partitions.values())
+
+    def _over_budget(self) -> bool:
+        return self._buffered() > self.options.max_buffer_bytes
 

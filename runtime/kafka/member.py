@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from confluent_kafka import Consumer, Message, TopicPartition
@@ -182,12 +182,23 @@ class GroupMember:
 
     # -- the loop's steps --------------------------------------------------------------------
 
-    def poll(self, max_messages: int, timeout: float) -> list[Message]:
-        """Fetch up to ``max_messages`` records of assigned partitions and track
-        their offsets. Consumer errors follow :class:`ConsumerErrors`: transient
-        ones are counted, a fatal one fails the member (the service stops)."""
-        records = []
-        for message in self.consumer.consume(num_messages=max_messages, timeout=timeout):
+    def poll(self, max_messages: int, timeout: float) -> Iterator[Message]:
+        """Records of assigned partitions, up to ``max_messages``, each taken from
+        the client as the caller asks for it and its offset tracked: a caller that
+        stops early leaves the rest in the client's queue (the sink, once its
+        memory budget is full; a batch taken whole would hold ``max_messages``
+        records of any size). Waits up to ``timeout`` for the first record; the
+        rest are those already fetched. Consumer errors follow
+        :class:`ConsumerErrors`: transient ones are counted, a fatal one fails the
+        member (the service stops)."""
+        wait = timeout
+        taken = 0
+        while taken < max_messages:
+            messages = self.consumer.consume(num_messages=1, timeout=wait)
+            if not messages:
+                return
+            wait = 0
+            message = messages[0]
             error = message.error()
             if error is not None:
                 try:
@@ -199,11 +210,10 @@ class GroupMember:
             if key not in self._assigned:
                 continue  # revoked between fetch and delivery
             self.marks.track(key, message.offset())
-            records.append(message)
-        if records:
             self.touch()
             self.stall.progress()
-        return records
+            taken += 1
+            yield message
 
     def done(self, tp: TopicPartitionKey, offset: int) -> None:
         """Everything the record at ``offset`` caused is durable: it may be committed."""

@@ -86,6 +86,29 @@ def test_member_commits_up_to_the_first_unfinished_record_and_on_revoke(kafka: K
     assert _committed(kafka, group, topic) == 6
 
 
+def test_a_caller_that_stops_early_leaves_the_rest_to_the_next_poll(kafka: KafkaSettings) -> None:
+    """The sink stops taking records once its memory budget is full: what it did
+    not take is neither tracked nor lost, and the next poll starts there."""
+    topic, group = _topic(kafka, 8), f"g-{uuid.uuid4().hex[:8]}"
+    member = GroupMember(kafka, group, topic, "test_member", consumer_overrides={"session.timeout.ms": 6000})
+    member.subscribe()
+    try:
+        taken = []
+        deadline = time.monotonic() + 30
+        while len(taken) < 3 and time.monotonic() < deadline:
+            for message in member.poll(100, timeout=0.2):
+                taken.append(message)
+                if len(taken) == 3:
+                    break
+        assert [m.offset() for m in taken] == [0, 1, 2]
+        assert member.marks.in_flight() == 3  # only what was taken is tracked
+        while len(taken) < 8 and time.monotonic() < deadline:
+            taken += member.poll(100, timeout=0.2)
+        assert [m.offset() for m in taken] == list(range(8))
+    finally:
+        member.close()
+
+
 def test_member_stops_when_idle_since_joining_but_not_while_busy(kafka: KafkaSettings) -> None:
     """Joining is start-up, not idleness: a member that waits longer than its idle
     time for its first assignment (Kafka waits for a group's members to rejoin)
@@ -99,7 +122,7 @@ def test_member_stops_when_idle_since_joining_but_not_while_busy(kafka: KafkaSet
         assert not member.stopping
         deadline = time.monotonic() + 30
         while not member.assignment and time.monotonic() < deadline:
-            member.poll(10, 0.1)
+            list(member.poll(10, 0.1))
         assert member.assignment
         member.tick()
         assert not member.stopping
@@ -195,11 +218,11 @@ def test_liveness_fails_when_work_is_pending_without_progress(kafka: KafkaSettin
         member.pause(True)
         deadline = time.monotonic() + 30
         while not member.assignment and time.monotonic() < deadline:
-            assert member.poll(10, timeout=0.2) == []
+            assert list(member.poll(10, timeout=0.2)) == []
         stalled_by = time.monotonic() + 30
         while member.stall.liveness()[0]:
             assert time.monotonic() < stalled_by, "never failed its liveness with 5 records pending"
-            assert member.poll(10, timeout=0.2) == []
+            assert list(member.poll(10, timeout=0.2)) == []
             member.tick()
         live, reason = member.stall.liveness()
         assert not live and "stalled" in reason and "--stall-timeout 2" in reason
