@@ -187,17 +187,15 @@ class GroupMember:
         the client as the caller asks for it and its offset tracked: a caller that
         stops early leaves the rest in the client's queue (the sink, once its
         memory budget is full; a batch taken whole would hold ``max_messages``
-        records of any size). Waits up to ``timeout`` for the first record; the
-        rest are those already fetched. Consumer errors follow
-        :class:`ConsumerErrors`: transient ones are counted, a fatal one fails the
-        member (the service stops)."""
-        wait = timeout
+        records of any size). Waits for records up to ``timeout`` seconds in all.
+        Consumer errors follow :class:`ConsumerErrors`: transient ones are
+        counted, a fatal one fails the member (the service stops)."""
+        deadline = time.monotonic() + timeout
         taken = 0
         while taken < max_messages:
-            messages = self.consumer.consume(num_messages=1, timeout=wait)
+            messages = self.consumer.consume(num_messages=1, timeout=max(0.0, deadline - time.monotonic()))
             if not messages:
                 return
-            wait = 0
             message = messages[0]
             error = message.error()
             if error is not None:
