@@ -23,6 +23,9 @@ created under ``__main__`` and must not outlive their section):
   each process, Kafka bytes per hidden-state byte, RSS; extrapolated to an H200.
 * ``bench.upload_signing``: CPU per GB of an S3 upload with the payload signed
   (SigV4's SHA-256, plain HTTP) and unsigned (what hsx sends over TLS).
+* ``bench.memory_policy``: CPU and page faults per GB of record-sized buffers
+  churned through a budget's window under glibc's defaults, each mapped on its
+  own, and with the data path's policy (freed buffers reused).
 
     python -m bench [--quick] [--preload iomp|none] [--only SECTION ...]
 """
@@ -48,7 +51,7 @@ from hsx.extractor.cpu_defaults import cpu_list
 from hsx.local.spawn import cpu_engine_env
 
 SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale", "dataset_codecs", "object_store", "datapath",
-            "upload_signing", "pipeline_by_reference"]
+            "upload_signing", "memory_policy", "pipeline_by_reference"]
 OPTIONAL_SECTIONS = ["acceptance"]
 """Run only when named in ``--only``: hours of training on two cores."""
 ROOT = Path(__file__).resolve().parent.parent

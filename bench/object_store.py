@@ -268,9 +268,10 @@ def child_write(url: str, shard_bytes: int) -> dict[str, Any]:
     from hsx.dataset.sample import Sample
     from hsx.dataset.shards import OpenShard, write_shard
     from hsx.dataset.storage import open_storage
-    from hsx.sink.memory import release_large_buffers_to_the_os
+    from hsx.runtime.memory import keep_freed_memory
+    from hsx.sink.options import SinkOptions
 
-    release_large_buffers_to_the_os()  # as the sink does at its start
+    keep_freed_memory(SinkOptions.max_buffer_bytes)  # as the sink does at its start
     storage = open_storage(url, create=True)
     tokens = 1024
     rng = np.random.default_rng(2)

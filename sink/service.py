@@ -28,10 +28,10 @@ from hsx.runtime.kafka.dead_letters import DeadLetters
 from hsx.runtime.kafka.member import GroupMember
 from hsx.runtime.kafka.watermarks import TopicPartitionKey
 from hsx.runtime.logs import record_fields
+from hsx.runtime.memory import keep_freed_memory
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import ErrorClass, HiddenStatesReady, Manifest
 from hsx.sink.assembler import Record, RejectedRecords, Staged
-from hsx.sink.memory import release_large_buffers_to_the_os
 from hsx.sink.options import SinkOptions
 from hsx.sink.partition import PartitionState
 from hsx.sink.partition_count import check_topic, refusal
@@ -78,7 +78,7 @@ class Sink:
         Raises :class:`~hsx.sink.partition_count.PartitionCountChanged` before joining the group when the
         blocks topic's partition count is not the dataset's, :class:`ServiceFailed`
         when it had to stop early."""
-        release_large_buffers_to_the_os()
+        keep_freed_memory(self.options.max_buffer_bytes)  # what the budget holds is reused, never mapped afresh
         # What is alive now (torch, pydantic, the clients) lives as long as the
         # process: out of the collector's way, whose full passes over it were a
         # tenth of the sink's CPU at hidden-state rates (perf, bench.datapath).
