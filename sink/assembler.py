@@ -137,7 +137,7 @@ class Assembler:
                 blocks[headers.block_index] = record
                 self._pending_bytes += len(record.value)
             return None
-        pending = self._take(key) or _Pending()
+        pending = self._take(key)
         offsets = sorted(r.offset for r in pending.blocks.values()) + [record.offset]
         try:
             return self._manifest(record, request_id, headers.attempt_id, pending, offsets)
@@ -206,16 +206,14 @@ class Assembler:
         expired = [k for k, p in self._pending.items() if now - p.first_seen > self._timeout]
         return [self._incomplete(key, ErrorClass.INCOMPLETE_SAMPLE, f"no manifest within {self._timeout:.0f}s") for key in expired]
 
-    def _take(self, key: tuple[str, str]) -> _Pending | None:
-        """Stop holding an attempt's blocks; returns them."""
-        pending = self._pending.pop(key, None)
-        if pending is not None:
-            self._pending_bytes -= pending.nbytes
+    def _take(self, key: tuple[str, str]) -> _Pending:
+        """Stop holding an attempt's blocks; returns them (none if none came)."""
+        pending = self._pending.pop(key, _Pending())
+        self._pending_bytes -= pending.nbytes
         return pending
 
     def _incomplete(self, key: tuple[str, str], error_class: ErrorClass, why: str) -> RejectedRecords:
         pending = self._take(key)
-        assert pending is not None
         request_id, attempt_id = key
         return RejectedRecords(error_class, f"attempt {attempt_id}: {len(pending.blocks)} block(s) but {why}",
                         sorted(r.offset for r in pending.blocks.values()), request_id)
