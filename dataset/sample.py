@@ -16,9 +16,9 @@ from hsx.schemas.dataset_codec import DatasetCodec
 @dataclass(frozen=True)
 class FileRange:
     """Bytes a sample stores that stay in a local file until its shard is
-    written, which copies them from there (``copy_file_range``: the kernel's copy,
-    none through this process): a staged object in a directory, verified when it
-    was read, and not deleted before the sample is durable."""
+    written, which copies them from there (:func:`hsx.dataset.file_copy.copy_range`):
+    a staged object in a directory, verified when it was read, and not deleted
+    before the sample is durable."""
 
     path: Path
     offset: int

@@ -145,7 +145,7 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
         model=first.model, layer_ids=first.layer_ids, dtype=first.dtype, hidden_size=first.hidden_size,
         request_ids=[s.manifest.request_id for s in shard.samples], codec=shard.samples[0].codec,
     ).to_safetensors()
-    with storage.open_atomic(shard_path) as out:
+    with storage.open_atomic(shard_path, cache=False) as out:  # read back elsewhere, if here not soon
         write_safetensors(out, tensors, metadata)
     storage.write_atomic(f"{KEYS}/{stem}.keys", encode_keys(shard_keys(shard)))
     index = ShardIndex(shard=shard_path, topic=shard.topic, partition=shard.partition,

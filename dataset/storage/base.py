@@ -28,10 +28,12 @@ class Storage(Protocol):
     def write_atomic(self, relative: str, data: bytes) -> None:
         """Make ``data`` durable at ``relative``, replacing any previous content."""
 
-    def open_atomic(self, relative: str) -> AbstractContextManager[Writer]:
+    def open_atomic(self, relative: str, cache: bool = True) -> AbstractContextManager[Writer]:
         """A writer for a large object, streamed: memory holds a buffer, never the
         object. The object appears (replacing any previous one) when the block
-        exits normally, and not at all when it raises."""
+        exits normally, and not at all when it raises. ``cache=False``: this
+        machine will not read it back soon (a shard), so a file is written
+        around the page cache."""
 
     def read(self, relative: str) -> bytes:
         """The whole object; :class:`FileNotFoundError` when there is none."""

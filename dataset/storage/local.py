@@ -9,9 +9,8 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
-
-from hsx.dataset.storage.base import UnsafePath, checked_parts
+from hsx.dataset.storage.base import UnsafePath, Writer, checked_parts
+from hsx.dataset.storage.direct_file import direct_writer
 
 
 class LocalStorage:
@@ -31,18 +30,23 @@ class LocalStorage:
             out.write(data)
 
     @contextmanager
-    def open_atomic(self, relative: str) -> Iterator[BinaryIO]:
-        """1. write a temp file beside the target; 2. fsync it; 3. rename it over
-        the target; 4. fsync the folder, so the rename survives a power cut."""
+    def open_atomic(self, relative: str, cache: bool = True) -> Iterator[Writer]:
+        """1. write a temp file beside the target (around the page cache unless
+        ``cache``: :mod:`~hsx.dataset.storage.direct_file`); 2. fsync it; 3. rename
+        it over the target; 4. fsync the folder, so the rename survives a power cut."""
         path = self.local_path(relative)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         tmp = Path(name)
         try:
             with os.fdopen(fd, "wb") as out:
-                yield out
-                out.flush()
-                os.fsync(out.fileno())
+                if cache:
+                    yield out
+                    out.flush()
+                else:
+                    with direct_writer(fd) as direct:
+                        yield direct
+                os.fsync(fd)
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)

@@ -106,9 +106,10 @@ class S3Storage:
             obstore.put(self.store, _key(relative), data)
 
     @contextmanager
-    def open_atomic(self, relative: str) -> Iterator[Writer]:
+    def open_atomic(self, relative: str, cache: bool = True) -> Iterator[Writer]:
         """A multipart upload of ``part_bytes`` parts, completed when the block
-        exits and aborted when it raises, so the object is whole or absent. The
+        exits and aborted when it raises, so the object is whole or absent
+        (``cache`` means nothing here: no page cache stands between). The
         writer references the buffers it is given (bench: a 1 GiB shard's upload
         grew the sink's RSS by 4 MiB); they must stay unchanged until the block exits."""
         with self._translated("write", relative):

@@ -12,10 +12,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import BinaryIO
 
 from hsx.dataset.shards import SHARDS, OpenShard, shard_stem
-from hsx.dataset.storage import LocalStorage, StorageRefused
+from hsx.dataset.storage import LocalStorage, StorageRefused, Writer
 from hsx.local.datasets import tiny_sample
 from hsx.schemas import HiddenStatesReady
 from hsx.sink.partition import PartitionState
@@ -33,12 +32,12 @@ class HeldDisk(LocalStorage):
         self.release = threading.Event()
         self.failures = failures or []
 
-    def open_atomic(self, relative: str) -> AbstractContextManager[BinaryIO]:
+    def open_atomic(self, relative: str, cache: bool = True) -> AbstractContextManager[Writer]:
         if relative.startswith(f"{SHARDS}/"):
             assert self.release.wait(30), "the test never released the disk"
             if self.failures:
                 raise self.failures.pop(0)
-        return super().open_atomic(relative)
+        return super().open_atomic(relative, cache)
 
 
 class Recorded:

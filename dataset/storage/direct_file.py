@@ -1,0 +1,146 @@
+"""Writing a large file around the page cache (``O_DIRECT``), for files this
+machine will not read back soon: a dataset's shards.
+
+A buffered write copies every byte into page-cache pages the kernel allocates
+for the new file, and those pages are the data path's largest cost where fresh
+memory is dear (on the development virtual machines 0.3 to 13 CPU-seconds per GB
+for the copy alone; ``python -m bench.direct_write`` measures it). Written with
+``O_DIRECT``, the bytes go from one buffer of this process, reused for every
+file, straight to the device: 0.02 CPU-seconds per GB there.
+
+``O_DIRECT`` wants the buffer, the file offset and the length aligned to the
+device's block. The writer copies what it is given into a page-aligned buffer
+(:data:`CHUNK` bytes), writes each full buffer, and on :meth:`DirectFile.finish`
+writes the tail padded to :data:`ALIGN` and cuts the file to its true size. A
+file system that refuses ``O_DIRECT`` (at open or at the first write) is written
+through the page cache instead, the same bytes either way.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from typing_extensions import Buffer
+
+ALIGN = 4096
+"""The largest logical block size of common devices: offsets and lengths aligned
+to it suit them all."""
+CHUNK = 8 << 20
+"""Bytes per write, and the size of each writer's buffer."""
+
+_free: list[mmap.mmap] = []
+_free_lock = threading.Lock()
+
+
+@contextmanager
+def _buffer() -> Iterator[mmap.mmap]:
+    """A page-aligned buffer of :data:`CHUNK` bytes, kept for the next writer
+    (one per writer at once; fresh pages are what this module avoids)."""
+    with _free_lock:
+        buffer = _free.pop() if _free else mmap.mmap(-1, CHUNK)
+    try:
+        yield buffer
+    finally:
+        with _free_lock:
+            _free.append(buffer)
+
+
+@contextmanager
+def direct_writer(fd: int) -> Iterator[DirectFile]:
+    """Write the empty file open at ``fd`` around the page cache; it holds
+    everything written once the block exits normally (not yet durable: fsync
+    it). The caller closes ``fd``."""
+    _set_direct(fd, True)
+    with _buffer() as buffer:
+        out = DirectFile(fd, buffer)
+        yield out
+        out.finish()
+
+
+class DirectFile:
+    """The writer :func:`direct_writer` yields: ``write`` appends bytes,
+    ``fill_from`` appends a range of another file read straight into the
+    buffer (no copy through a buffer of the caller's)."""
+
+    def __init__(self, fd: int, buffer: mmap.mmap) -> None:
+        self._fd = fd
+        self._buffer = memoryview(buffer)
+        self._used = 0
+        """Bytes of the buffer not yet written."""
+        self._written = 0
+        """Bytes in the file, all whole chunks."""
+
+    def write(self, data: Buffer) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            take = min(len(view) - done, CHUNK - self._used)
+            self._buffer[self._used:self._used + take] = view[done:done + take]
+            self._used += take
+            done += take
+            if self._used == CHUNK:
+                self._flush()
+        return done
+
+    def fill_from(self, fd: int, offset: int, length: int) -> int:
+        """Append ``length`` bytes of the file ``fd`` from ``offset``; the bytes
+        appended, fewer only where that file ends first."""
+        done = 0
+        while done < length:
+            want = min(length - done, CHUNK - self._used)
+            got = os.preadv(fd, [self._buffer[self._used:self._used + want]], offset + done)
+            if not got:
+                break
+            self._used += got
+            done += got
+            if self._used == CHUNK:
+                self._flush()
+        return done
+
+    def finish(self) -> None:
+        """Write the tail, padded to :data:`ALIGN`, and cut the file to its size."""
+        size = self._written + self._used
+        if self._used:
+            padded = -(-self._used // ALIGN) * ALIGN
+            self._buffer[self._used:padded] = bytes(padded - self._used)
+            self._used = padded
+            self._flush()
+        if self._written != size:
+            os.ftruncate(self._fd, size)
+            self._written = size
+
+    def _flush(self) -> None:
+        """Write the buffer's ``_used`` bytes at the file's end; go through the
+        page cache from here on if the file system refuses ``O_DIRECT``."""
+        data = self._buffer[:self._used]
+        done = 0
+        while done < len(data):
+            try:
+                done += os.pwrite(self._fd, data[done:], self._written + done)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL or not _set_direct(self._fd, False):
+                    raise
+        self._written += done
+        self._used = 0
+
+
+def _set_direct(fd: int, direct: bool) -> bool:
+    """Set or clear ``O_DIRECT`` on ``fd``; False if that changed nothing (already
+    so, or a file system that refuses it)."""
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    wanted = flags | os.O_DIRECT if direct else flags & ~os.O_DIRECT
+    if wanted == flags:
+        return False
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, wanted)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        return False
+    return True
