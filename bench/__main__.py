@@ -26,6 +26,8 @@ created under ``__main__`` and must not outlive their section):
 * ``bench.memory_policy``: CPU and page faults per GB of record-sized buffers
   churned through a budget's window under glibc's defaults, each mapped on its
   own, and with the data path's policy (freed buffers reused).
+* ``bench.direct_write``: CPU per GB of a shard written through the page cache
+  and around it (``O_DIRECT``, as the sink writes shards).
 
     python -m bench [--quick] [--preload iomp|none] [--only SECTION ...]
 """
@@ -51,7 +53,7 @@ from hsx.extractor.cpu_defaults import cpu_list
 from hsx.local.spawn import cpu_engine_env
 
 SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale", "dataset_codecs", "object_store", "datapath",
-            "upload_signing", "memory_policy", "pipeline_by_reference"]
+            "upload_signing", "memory_policy", "direct_write", "pipeline_by_reference"]
 OPTIONAL_SECTIONS = ["acceptance"]
 """Run only when named in ``--only``: hours of training on two cores."""
 ROOT = Path(__file__).resolve().parent.parent

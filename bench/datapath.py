@@ -338,6 +338,7 @@ def summarize(transport: str, rounds: list[dict[str, float]], tokens: int) -> di
         per_gb = median(f"cpu_{name}") / gb
         out[f"{p}_cpu_s_per_gb_{name}"] = round(per_gb, 3)
         out[f"{p}_cpu_s_per_gb_{name}_kernel"] = round(median(f"cpu_{name}_kernel") / gb, 3)
+        out[f"{p}_cpu_s_per_gb_{name}_rounds"] = [round(r[f"cpu_{name}"] / gb, 3) for r in rounds]
         out[f"{p}_h200_cores_{name}"] = round(per_gb * H200_MB_S / 1e3, 2)
     out[f"{p}_cpu_s_per_gb_path"] = round(out[f"{p}_cpu_s_per_gb_connector"] + out[f"{p}_cpu_s_per_gb_sink"], 3)
     broker_mb_s = out[f"{p}_kafka_bytes_ratio"] * H200_MB_S
@@ -358,12 +359,17 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--load", type=Path, help="(internal) run the connector side of one round from this spec")
     p.add_argument("--gib", type=float, default=0.75, help="hidden states per round, GiB (default %(default)s)")
+    p.add_argument("--transports", default=",".join(TRANSPORTS),
+                   help="the transports to measure, comma-separated (default: all; one alone for a quick A/B)")
     args = p.parse_args()
     if args.load:
         spec = json.loads(args.load.read_text())
         Path(spec["out"]).write_text(json.dumps(load(spec)))
         return
     rounds = 1 if args.quick else args.rounds
+    transports = tuple(t for t in TRANSPORTS if t in args.transports.split(","))
+    if not transports:
+        p.error(f"--transports: none of {args.transports!r} is one of {', '.join(TRANSPORTS)}")
     total = int((1 / 16 if args.quick else args.gib) * 2**30)
     with tempfile.TemporaryDirectory(prefix="hsx-bench-datapath-") as tmp:
         work = Path(tmp)
@@ -372,14 +378,15 @@ def main() -> None:
         row_bytes = layers * hidden * 2  # bfloat16
         requests = plan(total, row_bytes, available, seed=0)
         tokens = sum(length for _, length in requests)
-        measured: dict[str, list[dict[str, float]]] = {t: [] for t in TRANSPORTS}
+        measured: dict[str, list[dict[str, float]]] = {t: [] for t in transports}
         with services(work) as (broker, s3):
             env = s3.child_environ(cpu_engine_env())
             os.environ.update(s3.environ())  # this process lists and warms the bucket
             s3.create_bucket(BUCKET)
             warm_up(f"s3://{BUCKET}/warm-up")
             for r in range(rounds):
-                for transport in TRANSPORTS[r % 3:] + TRANSPORTS[:r % 3]:  # each goes first once in three
+                n = len(transports)
+                for transport in transports[r % n:] + transports[:r % n]:  # each goes first once in n
                     print(f"[datapath] round {r + 1}: {transport}", flush=True)
                     measured[transport].append(run_round(transport, work, broker, s3, env, states, layer_ids,
                                                          requests, row_bytes))
