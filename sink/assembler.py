@@ -11,6 +11,8 @@ quantization can produce). Anything else becomes a
 manifest never comes are rejected after a timeout, or as soon as another attempt
 of the same request completes (a killed extractor's leftovers).
 
+The checks themselves are :mod:`hsx.sink.block_checks`.
+
 A by-reference manifest (one with a ``payload``) comes without block records: it
 becomes :class:`Staged`, and :meth:`Assembler.complete` verifies the blocks once
 they are read from the payload store (:mod:`hsx.sink.payloads`), as it would
@@ -20,22 +22,18 @@ block records.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import numpy as np
 import orjson
 from pydantic import ValidationError
 from typing_extensions import Buffer
 
-from hsx.codecs.block import CorruptBlock, combined_checksum, decode_block, read_header, verify_stored
-from hsx.codecs.fp8_blocks import fp8_rows
 from hsx.dataset.encoding import records_fit
 from hsx.dataset.sample import Pieces, Sample
 from hsx.runtime.errors import InvalidInput, unexpected
-from hsx.schemas import BlockHeader, BlockRecordHeaders, ErrorClass, Manifest, RecordKind, format_validation_error
+from hsx.schemas import BlockRecordHeaders, ErrorClass, Manifest, RecordKind, format_validation_error
 from hsx.schemas.dataset_codec import DatasetCodec
+from hsx.sink.block_checks import check_headers, decoded, fp8_decoded, verified
 
 
 @dataclass
@@ -224,89 +222,19 @@ class Assembler:
         """The sample the manifest vouches for, from its blocks' values by index
         (and all of them in one buffer, in order, when they came so)."""
         try:
-            headers = _check_headers(manifest, blocks)
+            headers = check_headers(manifest, blocks)
             records = [blocks[ref.index] for ref in manifest.blocks]
             if manifest.quantization is not None:
-                return Sample(manifest, b"", offsets, records, fp8=_fp8_decoded(manifest, records))
+                return Sample(manifest, b"", offsets, records, fp8=fp8_decoded(manifest, records))
             if self._keep_records and records_fit(headers):
                 stored = back_to_back if back_to_back is not None else Pieces.of(records)
                 return Sample(manifest, stored, offsets, codec=DatasetCodec.BYTEPLANE_ZSTD,
-                              checksum=_verified(manifest, records, headers))
-            return Sample(manifest, _decoded(manifest, records), offsets, records)
+                              checksum=verified(manifest, records, headers))
+            return Sample(manifest, decoded(manifest, records), offsets, records)
         except InvalidInput as exc:
             return RejectedRecords(exc.error_class, exc.reason, offsets, manifest.request_id, manifest_value)
-
-
-def _check_headers(manifest: Manifest, blocks: dict[int, Buffer]) -> list[BlockHeader]:
-    """Every block the manifest lists is there, and its header agrees with it;
-    the headers in the manifest's order."""
-    missing = [b.index for b in manifest.blocks if b.index not in blocks]
-    if missing:
-        raise InvalidInput(ErrorClass.INCOMPLETE_SAMPLE, f"manifest lists blocks {missing} that never arrived")
-    extra = sorted(set(blocks) - {b.index for b in manifest.blocks})
-    if extra:
-        raise InvalidInput(ErrorClass.INCOMPLETE_SAMPLE, f"blocks {extra} are not in the manifest")
-    headers = []
-    for ref in manifest.blocks:
-        with _corrupt(ref.index):
-            header, _ = read_header(blocks[ref.index])
-        headers.append(header)
-        expected_shape = (ref.token_end - ref.token_start, len(manifest.layer_ids), manifest.hidden_size)
-        if (header.token_start, header.token_end, header.checksum) != (ref.token_start, ref.token_end, ref.checksum):
-            raise InvalidInput(ErrorClass.CORRUPT_BLOCK, f"block {ref.index} does not match the manifest's token range or checksum")
-        if header.shape != expected_shape or header.dtype is not manifest.dtype:
-            raise InvalidInput(ErrorClass.SHAPE_MISMATCH, f"block {ref.index} is {header.shape} {header.dtype.value}, "
-                                             f"the manifest says {expected_shape} {manifest.dtype.value}")
-        if header.quantization != manifest.quantization:
-            raise InvalidInput(ErrorClass.CORRUPT_BLOCK, f"block {ref.index} holds {header.quantization or 'unquantized'} "
-                                                      f"rows, the manifest says {manifest.quantization or 'unquantized'}")
-    return headers
-
-
-def _decoded(manifest: Manifest, records: list[Buffer]) -> bytearray:
-    """The sample's raw bytes: each block decoded (its checksum verified) straight
-    into its rows of one buffer. Allocated once every header agreed with the
-    manifest, so its size is what the blocks claim."""
-    row = len(manifest.layer_ids) * manifest.hidden_size * manifest.dtype.itemsize
-    raw = bytearray(manifest.captured_tokens * row)
-    rows = memoryview(raw)
-    first = manifest.first_captured
-    for ref, record in zip(manifest.blocks, records):
-        with _corrupt(ref.index):
-            decode_block(record, out=rows[(ref.token_start - first) * row:(ref.token_end - first) * row])
-    return raw
-
-
-def _verified(manifest: Manifest, records: list[Buffer], headers: list[BlockHeader]) -> str:
-    """Verify each block as stored (its payload checksum; a block written before
-    those is decoded into a reused buffer); the checksum of the sample's raw
-    bytes, combined from the blocks'. ``headers``: the records', as read."""
-    for ref, record, header in zip(manifest.blocks, records, headers):
-        with _corrupt(ref.index):
-            verify_stored(record, header)
-    return combined_checksum(headers)
-
-
-def _fp8_decoded(manifest: Manifest, records: list[Buffer]) -> tuple[np.ndarray, np.ndarray]:
-    """An fp8 sample's codes ``[T, L, H]`` and scales ``[T, L]``, its blocks' back to back."""
-    parts = []
-    for ref, record in zip(manifest.blocks, records):
-        with _corrupt(ref.index):
-            parts.append(fp8_rows(*decode_block(record)))
-    if len(parts) == 1:
-        return parts[0]
-    return np.concatenate([codes for codes, _ in parts]), np.concatenate([scales for _, scales in parts])
 
 
 def _unexpected(error: Exception, what: str, offsets: list[int], request_id: str | None,
                 value: bytes) -> RejectedRecords:
     return RejectedRecords(ErrorClass.UNEXPECTED, unexpected(error, what).reason, offsets, request_id, value)
-
-
-@contextmanager
-def _corrupt(index: int) -> Iterator[None]:
-    """A :class:`CorruptBlock` inside is block ``index``'s ``corrupt_block``."""
-    try:
-        yield
-    except CorruptBlock as exc:
-        raise InvalidInput(ErrorClass.CORRUPT_BLOCK, f"block {index}: {exc}") from exc

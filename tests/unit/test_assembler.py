@@ -275,7 +275,7 @@ def test_an_exception_no_rule_names_dead_letters_the_record_and_its_blocks(monke
     def broken(*args: object, **kwargs: object) -> None:
         raise ZeroDivisionError("a defect")
 
-    monkeypatch.setattr("hsx.sink.assembler.decode_block", broken)
+    monkeypatch.setattr("hsx.sink.block_checks.decode_block", broken)
     recs, _ = records(tokens=10, per_block=4)
     assembler = Assembler()
     (rejected,) = feed(assembler, recs)
