@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+
 from hsx.dataset.storage.base import UnsafePath, Writer, checked_parts
 from hsx.dataset.storage.direct_file import direct_writer
 
