@@ -83,7 +83,6 @@ def _resident_pages(path: Path) -> int:
         vector = ctypes.create_string_buffer(pages)
         assert libc.mincore(address, size, vector) == 0, os.strerror(ctypes.get_errno())
         resident = sum(byte & 1 for byte in vector.raw)
-        del address
     return resident
 
 
