@@ -121,3 +121,25 @@ def test_a_file_system_that_refuses_direct_writes_gets_the_same_bytes(tmp_path: 
     expected = _written(storage, SIZES["unaligned pieces across chunks"])
     assert refused == [0]  # refused once, then written without O_DIRECT
     assert (tmp_path / "shards" / "s.safetensors").read_bytes() == expected
+
+
+def test_a_file_system_that_refuses_direct_io_at_open_gets_the_same_bytes(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Others refuse O_DIRECT on the descriptor itself (EINVAL from fcntl): the
+    file is written through the page cache from the start."""
+    import fcntl
+
+    real_fcntl = fcntl.fcntl
+    refused = []
+
+    def refusing(fd: int, command: int, argument: int = 0) -> int:
+        if command == fcntl.F_SETFL and argument & os.O_DIRECT:
+            refused.append(fd)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_fcntl(fd, command, argument)
+
+    monkeypatch.setattr(direct_file.fcntl, "fcntl", refusing)
+    storage = LocalStorage(tmp_path)
+    expected = _written(storage, SIZES["a chunk and a byte"])
+    assert len(refused) == 1
+    assert (tmp_path / "shards" / "s.safetensors").read_bytes() == expected
