@@ -82,10 +82,8 @@ class DirectFile:
         while done < len(view):
             take = min(len(view) - done, CHUNK - self._used)
             self._buffer[self._used:self._used + take] = view[done:done + take]
-            self._used += take
+            self._filled(take)
             done += take
-            if self._used == CHUNK:
-                self._flush()
         return done
 
     def fill_from(self, fd: int, offset: int, length: int) -> int:
@@ -97,10 +95,8 @@ class DirectFile:
             got = os.preadv(fd, [self._buffer[self._used:self._used + want]], offset + done)
             if not got:
                 break
-            self._used += got
+            self._filled(got)
             done += got
-            if self._used == CHUNK:
-                self._flush()
         return done
 
     def finish(self) -> None:
@@ -114,6 +110,12 @@ class DirectFile:
         if self._written != size:
             os.ftruncate(self._fd, size)
             self._written = size
+
+    def _filled(self, n: int) -> None:
+        """``n`` more bytes are in the buffer: a full buffer is written at once."""
+        self._used += n
+        if self._used == CHUNK:
+            self._flush()
 
     def _flush(self) -> None:
         """Write the buffer's ``_used`` bytes at the file's end; go through the
