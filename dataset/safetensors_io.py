@@ -69,21 +69,11 @@ def write_safetensors(out: Writer, tensors: dict[str, torch.Tensor | Pieces | Fi
     first, so every tensor starts at a multiple of its element size.
     :class:`Pieces` and a :class:`FileRange` are 1-D uint8 tensors, written
     piece by piece and copied from their file (:func:`copy_range`)."""
-    def width(name: str) -> int:
-        tensor = tensors[name]
-        return 1 if isinstance(tensor, (Pieces, FileRange)) else tensor.element_size()
-
-    order = sorted(tensors, key=lambda name: -width(name))  # stable: given order per width
+    order = sorted(tensors, key=lambda name: -_width(tensors[name]))  # stable: given order per width
     header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
     offset = 0
     for name in order:
-        tensor = tensors[name]
-        if isinstance(tensor, (Pieces, FileRange)):
-            dtype, shape, size = "U8", [len(tensor)], len(tensor)
-        else:
-            dtype, shape, size = _names()[tensor.dtype], list(tensor.shape), tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
-        offset += size
+        offset = _place(header, name, tensors[name], offset)
     encoded = orjson.dumps(header)
     encoded += b" " * (-len(encoded) % 8)  # padded as safetensors pads it: tensors stay 8-byte aligned
     out.write(struct.pack("<Q", len(encoded)))
@@ -98,6 +88,62 @@ def write_safetensors(out: Writer, tensors: dict[str, torch.Tensor | Pieces | Fi
         else:
             out.write(_as_bytes(tensor))
     return 8 + len(encoded) + offset
+
+
+class HeadTooLarge(OSError):
+    """A streamed shard's header and leading tensors do not fit the room kept for them."""
+
+
+def streamed_layout(front: dict[str, torch.Tensor], placed: dict[str, tuple[int, FileRange]], room: int,
+                    back: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple[bytes, list[memoryview]]:
+    """The layout of a shard streamed to its file (see :mod:`hsx.dataset.spool`):
+    ``placed`` tensors are in the file already, back to back from offset ``room``
+    (each with its offset there); ``front`` tensors (8-byte elements) end exactly
+    at ``room``, after the header padded with spaces; ``back`` tensors (1-byte
+    elements) follow the placed ones. Returns the file's first ``room`` bytes
+    (length, header, front tensors) and the back tensors' bytes, in order.
+    :class:`HeadTooLarge` where the header and the front tensors outgrow ``room``."""
+    front_bytes = sum(tensor.numel() * tensor.element_size() for tensor in front.values())
+    data_start = room - front_bytes
+    placed_end = room + sum(len(stored) for _, stored in placed.values())
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for name, tensor in front.items():
+        assert tensor.element_size() == 8, name  # so data_start stays 8-byte aligned
+        offset = _place(header, name, tensor, offset)
+    for name, (at, stored) in placed.items():
+        _place(header, name, stored, at - data_start)
+    offset = placed_end - data_start
+    for name, tensor in back.items():
+        assert tensor.element_size() == 1, name
+        offset = _place(header, name, tensor, offset)
+    encoded = orjson.dumps(header)
+    if 8 + len(encoded) > data_start:
+        raise HeadTooLarge(f"a header of {len(encoded)} bytes and {front_bytes} bytes of leading tensors do not "
+                           f"fit the {room} bytes kept for them")
+    head = b"".join([struct.pack("<Q", data_start - 8), encoded, b" " * (data_start - 8 - len(encoded)),
+                     *(_as_bytes(tensor) for tensor in front.values())])
+    return head, [_as_bytes(tensor) for tensor in back.values()]
+
+
+def _width(tensor: torch.Tensor | Pieces | FileRange) -> int:
+    if isinstance(tensor, Pieces):
+        return 1
+    if isinstance(tensor, FileRange):
+        return _dtypes()[tensor.dtype].itemsize
+    return tensor.element_size()
+
+
+def _place(header: dict[str, Any], name: str, tensor: torch.Tensor | Pieces | FileRange, offset: int) -> int:
+    """Enter ``tensor`` in ``header`` at data offset ``offset``; return the offset after it."""
+    if isinstance(tensor, Pieces):
+        dtype, shape, size = "U8", [len(tensor)], len(tensor)
+    elif isinstance(tensor, FileRange):
+        dtype, shape, size = tensor.dtype, list(tensor.shape or (len(tensor),)), len(tensor)
+    else:
+        dtype, shape, size = _names()[tensor.dtype], list(tensor.shape), tensor.numel() * tensor.element_size()
+    header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+    return offset + size
 
 
 def _as_bytes(tensor: torch.Tensor) -> memoryview:

@@ -23,6 +23,10 @@ class FileRange:
     path: Path
     offset: int
     length: int
+    dtype: str = "U8"
+    """Its safetensors dtype: ``U8`` for encoded bytes, the model's for a raw sample."""
+    shape: tuple[int, ...] | None = None
+    """Its shape; None: 1-D, ``length`` elements."""
 
     def __len__(self) -> int:
         return self.length

@@ -18,11 +18,14 @@ partition's names sort in the order its shards were written.
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,6 +35,7 @@ from hsx.codecs.block import checksum
 from hsx.dataset.encoding import read_token_ids, stored_tensor
 from hsx.dataset.safetensors_io import open_shard, write_safetensors
 from hsx.dataset.sample import FileRange, Pieces, Sample
+from hsx.dataset.spool import ShardSpool, fixed_head_bytes, head_bytes, room_for
 from hsx.dataset.storage import Storage
 from hsx.runtime.errors import HsxError
 from hsx.schemas import HiddenStatesReady, ShardIndex, TensorNames, format_validation_error, ready_event_id
@@ -47,6 +51,7 @@ KEYS = "keys"
 TOPICS = "topics"
 DATASET_FOLDERS = (SHARDS, INDEX, KEYS, TOPICS)
 """Everything the sink writes at a dataset's root (``logs`` is ``hsx run``'s)."""
+log = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _OFFSET_DIGITS = 20
 
@@ -70,28 +75,57 @@ def safe_name(topic: str) -> str:
     return _UNSAFE.sub("_", topic)
 
 
+@dataclass(frozen=True)
+class Spooling:
+    """When a partition's open shards stream to their file
+    (:mod:`hsx.dataset.spool`): datasets on a file system only."""
+
+    shards_folder: Path
+    after_bytes: int = 64 << 20
+    """A shard streams once its samples store this many bytes; smaller shards
+    are held until they close (a file written at once, no room kept)."""
+    max_shard_bytes: int = 1 << 30
+    """The largest shard the partition writes: what the room is sized for."""
+
+
 @dataclass
 class OpenShard:
     """Samples of one partition waiting for their shard to close."""
 
     topic: str
     partition: int
+    spooling: Spooling | None = None
+    """Streamed to its file past a size (local datasets); None: held until it closes."""
     samples: list[Sample] = field(default_factory=list)
     by_id: dict[str, Sample] = field(default_factory=dict)
     """The same samples by request id: each new sample is looked up here."""
     nbytes: int = 0
     """The bytes its samples store: its shard's size, near enough."""
-    held_bytes: int = 0
-    """The part of ``nbytes`` held in memory (the rest is in files: :class:`FileRange`)."""
+    head_bytes: int = 0
+    """A bound on its header and token ids: what a streamed shard must keep room for."""
     opened_at: float = field(default_factory=time.monotonic)
     last_added_at: float = field(default_factory=time.monotonic)
+    spool: ShardSpool | None = None
+    _held: int = 0
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of it held in memory (the rest is in files: :class:`FileRange`)."""
+        return self._held + (self.spool.buffer_bytes if self.spool is not None else 0)
+
+    @property
+    def streaming(self) -> bool:
+        return self.spool is not None and not self.spool.broken
 
     def accepts(self, sample: Sample) -> bool:
         """One shard holds samples of one model, layer set, dtype, width and
-        dataset codec, so its metadata describes all of them."""
+        dataset codec, so its metadata describes all of them; a streamed shard
+        only as many as its room has space for."""
         if not self.samples:
             return True
         first, new = self.samples[0].manifest, sample.manifest
+        if self.streaming and self.head_bytes + head_bytes(new) > self.spool.room:  # type: ignore[union-attr]
+            return False
         return (first.model, first.layer_ids, first.dtype, first.hidden_size, self.samples[0].codec) == (
             new.model, new.layer_ids, new.dtype, new.hidden_size, sample.codec)
 
@@ -99,23 +133,59 @@ class OpenShard:
         self.last_added_at = time.monotonic()
         if not self.samples:
             self.opened_at = self.last_added_at
+            self.head_bytes = fixed_head_bytes(_metadata(sample, []))
         self.samples.append(sample)
         self.by_id[sample.manifest.request_id] = sample
         self.nbytes += len(sample.hidden_states)
-        self.held_bytes += sample.held_bytes
+        self.head_bytes += head_bytes(sample.manifest)
+        self._held += sample.held_bytes
+        if self.streaming:
+            self._stream(sample)
+        elif self.spool is None and self.spooling is not None and self.nbytes >= self.spooling.after_bytes:
+            self._start_spool(self.spooling)
 
     def due(self, now: float, max_age: float, when_idle: float | None) -> bool:
         """Old enough, or idle long enough (when ``when_idle`` is set), to close."""
         return now - self.opened_at >= max_age or (when_idle is not None and now - self.last_added_at >= when_idle)
 
+    def discard(self) -> None:
+        """Let go of its spool (written or dropped: see :meth:`ShardSpool.discard`)."""
+        if self.spool is not None:
+            self.spool.discard()
+
     @property
     def stem(self) -> str:
         return shard_stem(self.topic, self.partition, self.samples[0].manifest_offset)
 
+    def _start_spool(self, spooling: Spooling) -> None:
+        room = room_for(self.head_bytes, self.nbytes, spooling.max_shard_bytes)
+        try:
+            self.spool = ShardSpool.start(spooling.shards_folder / f"{self.stem}.safetensors", room)
+        except OSError as exc:
+            log.warning("shard %s is held in memory: cannot stream it to a file (%s)", self.stem, exc)
+            self.spooling = None
+            return
+        for sample in self.samples:
+            if not self.streaming:
+                break
+            self._stream(sample)
+
+    def _stream(self, sample: Sample) -> None:
+        """Step 2 of :mod:`hsx.dataset.spool` (a spool that fails breaks: the rest stays held)."""
+        assert self.spool is not None
+        if sample.checksum is None:  # a raw sample's checksum is of the bytes about to leave memory
+            sample.checksum = _checksum(sample)
+        try:
+            self._held -= self.spool.take(sample)
+        except OSError as exc:
+            log.warning("shard %s: cannot stream to %s any more, holding the rest in memory (%s)",
+                        self.stem, self.spool.path, exc)
+
 
 def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[HiddenStatesReady]:
     """Write the shard, then its key file, then its index (which makes it part of
-    the dataset), each durably; return the ready events."""
+    the dataset), each durably; return the ready events. A streamed shard lands
+    from its spool; if that fails it is written as a held one."""
     import torch
 
     stem = shard.stem
@@ -140,18 +210,22 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
             model=m.model, checksum=sample.checksum or _checksum(sample), metadata=m.metadata,
             generation=m.generation, capture=m.capture, codec=sample.codec,
             shape=(m.captured_tokens, len(m.layer_ids), m.hidden_size)))
-    first = shard.samples[0].manifest
-    metadata = ShardMetadata(
-        model=first.model, layer_ids=first.layer_ids, dtype=first.dtype, hidden_size=first.hidden_size,
-        request_ids=[s.manifest.request_id for s in shard.samples], codec=shard.samples[0].codec,
-    ).to_safetensors()
-    with storage.open_atomic(shard_path, cache=False) as out:  # read back elsewhere, if here not soon
-        write_safetensors(out, tensors, metadata)
+    metadata = _metadata(shard.samples[0], [s.manifest.request_id for s in shard.samples])
+    if shard.spool is None or not shard.spool.landed_shard(tensors, metadata):
+        with storage.open_atomic(shard_path, cache=False) as out:  # read back elsewhere, if here not soon
+            write_safetensors(out, tensors, metadata)
     storage.write_atomic(f"{KEYS}/{stem}.keys", encode_keys(shard_keys(shard)))
     index = ShardIndex(shard=shard_path, topic=shard.topic, partition=shard.partition,
                        first_offset=shard.samples[0].manifest_offset, events=events)
     storage.write_atomic(f"{INDEX}/{stem}.json", index.model_dump_json().encode())
     return events
+
+
+def _metadata(sample: Sample, request_ids: list[str]) -> dict[str, str]:
+    """The safetensors metadata of a shard whose first sample is ``sample``."""
+    first = sample.manifest
+    return ShardMetadata(model=first.model, layer_ids=first.layer_ids, dtype=first.dtype, hidden_size=first.hidden_size,
+                         request_ids=request_ids, codec=sample.codec).to_safetensors()
 
 
 def _checksum(sample: Sample) -> str:
@@ -229,6 +303,22 @@ def remove_orphans(storage: Storage, prefix: str, last_indexed: str | None) -> l
     for path in orphans:
         storage.delete(path)
     return orphans
+
+
+def remove_stale_temp_files(shards_folder: Path, prefix: str) -> list[str]:
+    """Delete the temp files a crash left in ``shards_folder`` for the partition
+    ``prefix``: shards being written or streamed (:mod:`hsx.dataset.spool`); none
+    is, while the partition is being loaded. Returns their names."""
+    if not shards_folder.is_dir():
+        return []
+    start = len(prefix) + 1
+    with os.scandir(shards_folder) as entries:  # exact names only: a-0001- must not take a-0001-x-0001-'s
+        stale = [e.name for e in entries if e.name.startswith(f".{prefix}") and e.name.endswith(".tmp")
+                 and e.name[start:start + _OFFSET_DIGITS].isdigit()
+                 and e.name[start + _OFFSET_DIGITS:start + _OFFSET_DIGITS + 1] == "."]
+    for name in stale:
+        (shards_folder / name).unlink(missing_ok=True)
+    return stale
 
 
 class MissingShard(HsxError, FileNotFoundError):

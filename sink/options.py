@@ -22,6 +22,10 @@ class SinkOptions:
     """Close a partition's open shard once no sample joined it for this many
     seconds (None: only size, count and age close shards). ``hsx run`` sets it, so
     the last samples of a job get their ready events at once."""
+    spool_after_bytes: int = 64 << 20
+    """On a local dataset, an open shard streams to its file once its samples
+    store this many bytes (:mod:`hsx.dataset.spool`): the sink then holds one
+    8 MiB buffer per shard, not the shard."""
     max_buffer_bytes: int = 2 << 30
     """Bytes held in memory (blocks awaiting manifests + open shards); partitions
     pause above it."""

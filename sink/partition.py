@@ -18,7 +18,8 @@ from hsx.schemas.keys import token_key
 from hsx.sink.assembler import DEFAULT_MAX_SAMPLE_BYTES, Assembler, Staged
 from hsx.sink.keys import KeyIndex, load_keys
 from hsx.dataset.shards import (
-    INDEX, OpenShard, partition_prefix, partition_stems, prefixed_stem, read_index, remove_orphans, shard_keys,
+    INDEX, SHARDS, OpenShard, Spooling, partition_prefix, partition_stems, prefixed_stem, read_index, remove_orphans,
+    remove_stale_temp_files, shard_keys,
 )
 from hsx.dataset.storage import Storage
 
@@ -89,22 +90,28 @@ class PartitionState:
     """By-reference manifests whose payload store did not answer, fetched again
     after ``fetch_backoff``; nothing past them is committed meanwhile."""
     fetch_backoff: Backoff = field(default_factory=Backoff)
+    spooling: Spooling | None = None
+    """How its open shards stream to their file (None: held until they close)."""
     _indexes: OrderedDict[int, dict[str, HiddenStatesReady]] = field(default_factory=OrderedDict)
 
     @classmethod
     def load(cls, storage: Storage, topic: str, partition: int, incomplete_timeout: float,
              stored_as: DatasetCodec = DatasetCodec.RAW,
-             max_sample_bytes: int = DEFAULT_MAX_SAMPLE_BYTES) -> PartitionState:
+             max_sample_bytes: int = DEFAULT_MAX_SAMPLE_BYTES, spooling: Spooling | None = None) -> PartitionState:
         """The partition as the dataset left it: a shard a crash left without an
-        index is removed (its records are replayed), indexed samples are known.
-        Costs a listing of the partition's index and key files and a read per key
-        file (see :mod:`hsx.sink.keys`), nothing per sample."""
+        index is removed (its records are replayed), and so are the temp files of
+        shards it was writing; indexed samples are known. Costs a listing of the
+        partition's index and key files and a read per key file (see
+        :mod:`hsx.sink.keys`), nothing per sample."""
         prefix = partition_prefix(topic, partition)
         indexed = partition_stems(storage, INDEX, prefix, ".json")
         for orphan in remove_orphans(storage, prefix, indexed[-1] if indexed else None):
             log.warning("removed %s: written before a crash, never indexed (its records will be replayed)", orphan)
-        return cls(topic, partition, Assembler(incomplete_timeout, stored_as, max_sample_bytes), OpenShard(topic, partition),
-                   load_keys(storage, prefix, indexed))
+        if spooling is not None:
+            for stale in remove_stale_temp_files(spooling.shards_folder, prefix):
+                log.warning("removed %s/%s: a shard being written before a crash", SHARDS, stale)
+        return cls(topic, partition, Assembler(incomplete_timeout, stored_as, max_sample_bytes),
+                   OpenShard(topic, partition, spooling), load_keys(storage, prefix, indexed), spooling=spooling)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -153,12 +160,19 @@ class PartitionState:
     def close_shard(self) -> None:
         """The open shard joins the closed ones; a new one opens."""
         self.closed.append(self.shard)
-        self.shard = OpenShard(self.topic, self.partition)
+        self.shard = OpenShard(self.topic, self.partition, self.spooling)
 
     def written(self) -> OpenShard:
         """The first closed shard is durable and indexed: its samples are known.
         Returns it."""
         shard = self.closed.popleft()
+        shard.discard()
         self.write_backoff.reset()
         self.keys.add(shard_keys(shard))
         return shard
+
+    def drop(self) -> None:
+        """The partition leaves this sink: its shards not written let go of their
+        spools (their records are replayed by the next owner)."""
+        for shard in (self.shard, *self.closed):
+            shard.discard()

@@ -20,6 +20,7 @@ from confluent_kafka import Message
 
 from hsx.dataset.encoding import encode
 from hsx.dataset.sample import Sample
+from hsx.dataset.shards import SHARDS, Spooling
 from hsx.dataset.storage import Storage, StorageRefused, dataset_name, open_payload_store, open_storage
 from hsx.runtime.errors import InvalidInput
 from hsx.runtime.kafka import RecordProducer, ensure_topics
@@ -72,6 +73,9 @@ class Sink:
         self._staged = StagedObjects(payloads, options.staged_max_age)
         self._partitions: dict[TopicPartitionKey, PartitionState] = {}
         self._recorded_partitions = 0
+        shards_folder = self.storage.local_path(SHARDS)
+        self._spooling = None if shards_folder is None else Spooling(
+            shards_folder, options.spool_after_bytes, options.max_shard_bytes)
 
     def run(self) -> SinkStats:
         """Run until stopped (SIGTERM/SIGINT, idle timeout); flush, commit, leave.
@@ -105,6 +109,8 @@ class Sink:
             self.member.commit()
         finally:
             self._shards.shutdown()
+            for state in self._partitions.values():
+                state.drop()
             self.member.close()
             producer.client.flush(30)
         self.member.raise_if_failed()
@@ -144,7 +150,7 @@ class Sink:
         for topic, partition in partitions:
             try:
                 state = PartitionState.load(self.storage, topic, partition, self.options.incomplete_timeout,
-                                            self.options.dataset_codec, self.options.max_sample_bytes)
+                                            self.options.dataset_codec, self.options.max_sample_bytes, self._spooling)
             except (StorageRefused, OSError) as exc:  # refused, or unavailable past the client's retries:
                 self.member.fail(exc)                  # stop; nothing of the partition was processed or committed
                 return
@@ -158,6 +164,7 @@ class Sink:
         states = [self._partitions.pop(key) for key in partitions if key in self._partitions]
         for state in states:
             self._shards.settle(state)
+            state.drop()
         self._shards.republish(states)
 
     def lost(self, partitions: list[TopicPartitionKey]) -> None:
@@ -165,6 +172,7 @@ class Sink:
         for key in partitions:
             if (state := self._partitions.pop(key, None)) is not None:
                 self._shards.wait(state)
+                state.drop()
             self._staged.forget(key)
 
     # -- per record ----------------------------------------------------------------------------

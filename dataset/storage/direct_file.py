@@ -38,17 +38,17 @@ _free: list[mmap.mmap] = []
 _free_lock = threading.Lock()
 
 
-@contextmanager
-def _buffer() -> Iterator[mmap.mmap]:
-    """A page-aligned buffer of :data:`CHUNK` bytes, kept for the next writer
-    (one per writer at once; fresh pages are what this module avoids)."""
+def take_buffer() -> mmap.mmap:
+    """A page-aligned buffer of :data:`CHUNK` bytes for a :class:`DirectFile`;
+    give it back with :func:`give_back` for the next writer (one per writer at
+    once; fresh pages are what this module avoids)."""
     with _free_lock:
-        buffer = _free.pop() if _free else mmap.mmap(-1, CHUNK)
-    try:
-        yield buffer
-    finally:
-        with _free_lock:
-            _free.append(buffer)
+        return _free.pop() if _free else mmap.mmap(-1, CHUNK)
+
+
+def give_back(buffer: mmap.mmap) -> None:
+    with _free_lock:
+        _free.append(buffer)
 
 
 @contextmanager
@@ -56,11 +56,14 @@ def direct_writer(fd: int) -> Iterator[DirectFile]:
     """Write the empty file open at ``fd`` around the page cache; it holds
     everything written once the block exits normally (not yet durable: fsync
     it). The caller closes ``fd``."""
-    _set_direct(fd, True)
-    with _buffer() as buffer:
+    set_direct(fd, True)
+    buffer = take_buffer()
+    try:
         out = DirectFile(fd, buffer)
         yield out
         out.finish()
+    finally:
+        give_back(buffer)
 
 
 class DirectFile:
@@ -68,13 +71,27 @@ class DirectFile:
     ``fill_from`` appends a range of another file read straight into the
     buffer (no copy through a buffer of the caller's)."""
 
-    def __init__(self, fd: int, buffer: mmap.mmap) -> None:
+    def __init__(self, fd: int, buffer: mmap.mmap, start: int = 0) -> None:
+        """Write ``fd`` from ``start`` (a multiple of :data:`ALIGN`) on; what is
+        before it is the caller's."""
+        assert start % ALIGN == 0, start
         self._fd = fd
         self._buffer = memoryview(buffer)
         self._used = 0
         """Bytes of the buffer not yet written."""
-        self._written = 0
-        """Bytes in the file, all whole chunks."""
+        self._written = start
+        """Bytes in the file, all whole chunks past ``start``."""
+
+    @property
+    def flushed(self) -> int:
+        """The file's bytes on the device (or in the page cache, without
+        ``O_DIRECT``): everything before this offset."""
+        return self._written
+
+    @property
+    def size(self) -> int:
+        """The file's size once :meth:`finish` ran: what is written and what waits in the buffer."""
+        return self._written + self._used
 
     def write(self, data: Buffer) -> int:
         view = memoryview(data).cast("B")
@@ -101,7 +118,7 @@ class DirectFile:
 
     def finish(self) -> None:
         """Write the tail, padded to :data:`ALIGN`, and cut the file to its size."""
-        size = self._written + self._used
+        size = self.size
         if self._used:
             padded = -(-self._used // ALIGN) * ALIGN
             self._buffer[self._used:padded] = bytes(padded - self._used)
@@ -117,22 +134,36 @@ class DirectFile:
         if self._used == CHUNK:
             self._flush()
 
+    def overwrite(self, offset: int, data: Buffer) -> None:
+        """After :meth:`finish`: write ``data`` over the file from ``offset``,
+        both multiples of :data:`ALIGN` (a header written last, over the room
+        kept for it)."""
+        view = memoryview(data).cast("B")
+        assert offset % ALIGN == 0 and len(view) % ALIGN == 0 and not self._used, (offset, len(view))
+        for begin in range(0, len(view), CHUNK):
+            piece = view[begin:begin + CHUNK]
+            self._buffer[:len(piece)] = piece
+            self._pwrite(self._buffer[:len(piece)], offset + begin)
+
     def _flush(self) -> None:
-        """Write the buffer's ``_used`` bytes at the file's end; go through the
-        page cache from here on if the file system refuses ``O_DIRECT``."""
-        data = self._buffer[:self._used]
+        """Write the buffer's ``_used`` bytes at the file's end."""
+        self._pwrite(self._buffer[:self._used], self._written)
+        self._written += self._used
+        self._used = 0
+
+    def _pwrite(self, data: memoryview, offset: int) -> None:
+        """All of ``data`` at ``offset``; through the page cache from here on if
+        the file system refuses ``O_DIRECT``."""
         done = 0
         while done < len(data):
             try:
-                done += os.pwrite(self._fd, data[done:], self._written + done)
+                done += os.pwrite(self._fd, data[done:], offset + done)
             except OSError as exc:
-                if exc.errno != errno.EINVAL or not _set_direct(self._fd, False):
+                if exc.errno != errno.EINVAL or not set_direct(self._fd, False):
                     raise
-        self._written += done
-        self._used = 0
 
 
-def _set_direct(fd: int, direct: bool) -> bool:
+def set_direct(fd: int, direct: bool) -> bool:
     """Set or clear ``O_DIRECT`` on ``fd``; False if that changed nothing (already
     so, or a file system that refuses it)."""
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)

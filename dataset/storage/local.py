@@ -52,7 +52,7 @@ class LocalStorage:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        _fsync(path.parent)
+        fsync_path(path.parent)
 
     def read(self, relative: str) -> bytes:
         return self.local_path(relative).read_bytes()
@@ -92,7 +92,7 @@ class LocalStorage:
             self.delete(relative)
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
     """Flush a file or a folder (its entries) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -37,11 +37,11 @@ def _publish(kafka: KafkaSettings, topic: str, request_ids: list[str], first_off
 
 
 def _stored(kafka: KafkaSettings, topics: TopicSettings, tmp_path: Path, codec: DatasetCodec,
-            originals: dict[str, torch.Tensor]) -> tuple[Path, Dataset]:
+            originals: dict[str, torch.Tensor], *extra: str) -> tuple[Path, Dataset]:
     """One sink run with ``codec`` over the blocks topic until idle: its output
     and dataset, which must hold exactly the requests of ``originals``."""
     output = tmp_path / "dataset"
-    sink = run_sink(kafka, topics, output, tmp_path, "sink", "--dataset-codec", codec.value)
+    sink = run_sink(kafka, topics, output, tmp_path, "sink", "--dataset-codec", codec.value, *extra)
     assert sink.exited() == 0, sink.log_tail()
     dataset = open_dataset(output)
     assert sorted(dataset.request_ids()) == sorted(originals)
@@ -59,9 +59,11 @@ def _shard_codecs(output: Path) -> set[DatasetCodec]:
 @pytest.mark.parametrize("codec", list(DatasetCodec))
 def test_every_codec_round_trips_through_a_real_sink(kafka: KafkaSettings, tmp_path: Path,
                                                      codec: DatasetCodec) -> None:
+    """Shards streamed to their file from the first sample (``--spool-after-bytes 1``;
+    the other tests' shards are held until they close)."""
     topics = fresh_topics(kafka, partitions=1)
     originals = _publish(kafka, topics.blocks, ["a", "b", "c"])
-    output, dataset = _stored(kafka, topics, tmp_path, codec, originals)
+    output, dataset = _stored(kafka, topics, tmp_path, codec, originals, "--spool-after-bytes", "1")
     for request_id, hidden in originals.items():
         assert dataset.event(request_id).codec is codec
         assert_decoded(hidden, dataset[request_id]["hidden_states"], codec)

@@ -77,7 +77,8 @@ def test_inline_and_by_reference_manifests_make_one_dataset(kafka: KafkaSettings
     # On S3 the shards keep the records as they came (byteplane-zstd: verified, never decoded, by
     # reference the staged object itself); on a directory they are decoded to raw.
     codec = "byteplane-zstd" if payload_store.startswith("s3://") else "raw"
-    sink = run_sink(kafka, topics, output, tmp_path, "sink", "--payload-store", payload_store, "--dataset-codec", codec)
+    sink = run_sink(kafka, topics, output, tmp_path, "sink", "--payload-store", payload_store, "--dataset-codec", codec,
+                    "--spool-after-bytes", "1")  # the shard streamed to its file as samples join
     assert sink.exited() == 0, sink.log_tail()
     dataset = open_dataset(output)
     expected = {"inline": inline_hidden, **{rid: hidden for rid, (_, hidden) in refs.items()}}
