@@ -221,3 +221,15 @@ def test_a_shard_renamed_before_its_folder_synced_is_finished_by_the_retry(tmp_p
     shard.discard()
     assert [e.request_id for e in events] == [s.manifest.request_id for s, _ in pairs]
     _same_shard(tmp_path / "held", tmp_path / "streamed")
+
+
+def test_a_streamed_shard_leaves_no_page_in_the_page_cache(tmp_path: Path) -> None:
+    """Streamed, head and tail included, around the page cache as a held shard is
+    (tests/unit/test_direct_file.py has the buffered control)."""
+    from tests.unit.test_direct_file import _resident_pages
+
+    pairs = _samples(DatasetCodec.RAW, 6, tokens=400)  # 300 KB: the tail written at close, then the head
+    shard = _write(tmp_path, [s for s, _ in pairs], Spooling(tmp_path / SHARDS, 1))
+    assert shard.spool is not None and shard.spool.landed
+    (path,) = (tmp_path / SHARDS).iterdir()
+    assert _resident_pages(path) == 0
