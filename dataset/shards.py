@@ -82,8 +82,9 @@ class Spooling:
 
     shards_folder: Path
     after_bytes: int = 64 << 20
-    """A shard streams once its samples store this many bytes; smaller shards
-    are held until they close (a file written at once, no room kept)."""
+    """A shard streams once its samples hold this many bytes in memory; others
+    are written when they close (a file at once, no room kept), among them
+    shards of samples left in a staging directory's files, which hold none."""
     max_shard_bytes: int = 1 << 30
     """The largest shard the partition writes: what the room is sized for."""
 
@@ -141,7 +142,7 @@ class OpenShard:
         self._held += sample.held_bytes
         if self.streaming:
             self._stream(sample)
-        elif self.spool is None and self.spooling is not None and self.nbytes >= self.spooling.after_bytes:
+        elif self.spool is None and self.spooling is not None and self._held >= self.spooling.after_bytes:
             self._start_spool(self.spooling)
 
     def due(self, now: float, max_age: float, when_idle: float | None) -> bool:

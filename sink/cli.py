@@ -40,8 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flush-when-idle", type=number(above=0), metavar="SECS",
                         help="close an open shard after SECS without a new sample (default: off)")
     parser.add_argument("--spool-after-bytes", type=integer(1), default=_DEFAULTS.spool_after_bytes,
-                        help="on a directory output, stream an open shard to its file once it stores this many "
-                             "bytes, holding one 8 MiB buffer instead of the shard (default %(default)s)")
+                        help="on a directory output, stream an open shard to its file once its samples hold this "
+                             "many bytes in memory, holding one 8 MiB buffer instead (default %(default)s)")
     parser.add_argument("--max-buffer-bytes", type=integer(1), default=_DEFAULTS.max_buffer_bytes,
                         help="memory budget; pause above it (default %(default)s)")
     parser.add_argument("--max-sample-bytes", type=integer(1), default=_DEFAULTS.max_sample_bytes,

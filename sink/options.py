@@ -24,8 +24,8 @@ class SinkOptions:
     the last samples of a job get their ready events at once."""
     spool_after_bytes: int = 64 << 20
     """On a local dataset, an open shard streams to its file once its samples
-    store this many bytes (:mod:`hsx.dataset.spool`): the sink then holds one
-    8 MiB buffer per shard, not the shard."""
+    hold this many bytes in memory (:mod:`hsx.dataset.spool`): the sink then
+    holds one 8 MiB buffer per shard, not the shard."""
     max_buffer_bytes: int = 2 << 30
     """Bytes held in memory (blocks awaiting manifests + open shards); partitions
     pause above it."""

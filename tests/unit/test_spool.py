@@ -94,13 +94,14 @@ def _samples_copy(pairs: list[tuple[Sample, torch.Tensor]]) -> list[tuple[Sample
 
 def test_samples_left_in_their_staged_file_stream_from_it(tmp_path: Path, small_chunks: None) -> None:
     """By reference from a directory, a sample's bytes stay in the staged file
-    (a :class:`FileRange`) until the shard takes them: read straight into the
-    spool's buffer."""
+    (a :class:`FileRange`) until the shard takes them. Such samples hold no
+    memory, so they alone never start a spool; after one that does (the first,
+    inline), they are read straight into the spool's buffer."""
     pairs = _samples(DatasetCodec.BYTEPLANE_ZSTD, 6)
     _write(tmp_path / "held", [s for s, _ in _samples_copy(pairs)], None)
     staged = tmp_path / "staged.bin"
     with staged.open("wb") as out:
-        for sample, _ in pairs:
+        for sample, _ in pairs[1:]:
             data = bytes(sample.hidden_states)
             sample.hidden_states = FileRange(staged, out.tell(), len(data))
             out.write(data)
@@ -233,3 +234,20 @@ def test_a_streamed_shard_leaves_no_page_in_the_page_cache(tmp_path: Path) -> No
     assert shard.spool is not None and shard.spool.landed
     (path,) = (tmp_path / SHARDS).iterdir()
     assert _resident_pages(path) == 0
+
+
+def test_samples_that_hold_no_memory_start_no_spool(tmp_path: Path) -> None:
+    """A shard of samples left in a staging directory's files holds nothing: it
+    is written when it closes, as before, however large."""
+    pairs = _samples(DatasetCodec.BYTEPLANE_ZSTD, 3)
+    staged = tmp_path / "staged.bin"
+    with staged.open("wb") as out:
+        for sample, _ in pairs:
+            data = bytes(sample.hidden_states)
+            sample.hidden_states = FileRange(staged, out.tell(), len(data))
+            out.write(data)
+    shard = _write(tmp_path / "ds", [s for s, _ in pairs], Spooling(tmp_path / "ds" / SHARDS, 1))
+    assert shard.spool is None and shard.held_bytes == 0
+    dataset = open_dataset(tmp_path / "ds")
+    for sample, hidden in pairs:
+        assert_decoded(hidden, dataset[sample.manifest.request_id]["hidden_states"], DatasetCodec.BYTEPLANE_ZSTD)
