@@ -73,11 +73,11 @@ def head_bytes(manifest: Manifest) -> int:
     return tensors * (rid + 150) + 2 * rid + 4 + 8 * manifest.num_tokens
 
 
-def room_for(head_bytes: int, nbytes: int, max_shard_bytes: int) -> int:
+def room_for(needed: int, nbytes: int, max_shard_bytes: int) -> int:
     """The room to keep for a shard's header and token ids, from what its first
-    samples need (``head_bytes`` for ``nbytes`` stored): enough for a shard of
+    samples need (``needed`` for ``nbytes`` stored): enough for a shard of
     ``max_shard_bytes`` of such samples and a quarter more, in whole MiB."""
-    wanted = head_bytes * max_shard_bytes // max(nbytes, 1) * 5 // 4
+    wanted = needed * max_shard_bytes // max(nbytes, 1) * 5 // 4
     return min(MAX_ROOM, max(MIN_ROOM, -(-wanted // MIN_ROOM) * MIN_ROOM))
 
 
