@@ -79,15 +79,20 @@ def write_safetensors(out: Writer, tensors: dict[str, torch.Tensor | Pieces | Fi
     out.write(struct.pack("<Q", len(encoded)))
     out.write(encoded)
     for name in order:
-        tensor = tensors[name]
-        if isinstance(tensor, FileRange):
-            copy_range(tensor, out)
-        elif isinstance(tensor, Pieces):
-            for part in tensor.parts:
-                out.write(part)
-        else:
-            out.write(_as_bytes(tensor))
+        write_tensor(out, tensors[name])
     return 8 + len(encoded) + offset
+
+
+def write_tensor(out: Writer, tensor: torch.Tensor | Pieces | FileRange) -> None:
+    """Append a tensor's bytes to ``out``: :class:`Pieces` piece by piece, a
+    :class:`FileRange` copied from its file (:func:`copy_range`)."""
+    if isinstance(tensor, FileRange):
+        copy_range(tensor, out)
+    elif isinstance(tensor, Pieces):
+        for part in tensor.parts:
+            out.write(part)
+    else:
+        out.write(_as_bytes(tensor))
 
 
 class HeadTooLarge(OSError):
@@ -134,15 +139,20 @@ def _width(tensor: torch.Tensor | Pieces | FileRange) -> int:
     return tensor.element_size()
 
 
+def tensor_layout(tensor: torch.Tensor | Pieces | FileRange) -> tuple[str, tuple[int, ...], int]:
+    """A tensor's safetensors dtype, shape and size in bytes: :class:`Pieces`
+    are 1-D ``U8``, a :class:`FileRange` is what it says."""
+    if isinstance(tensor, Pieces):
+        return "U8", (len(tensor),), len(tensor)
+    if isinstance(tensor, FileRange):
+        return tensor.dtype, tensor.shape or (len(tensor),), len(tensor)
+    return _names()[tensor.dtype], tuple(tensor.shape), tensor.numel() * tensor.element_size()
+
+
 def _place(header: dict[str, Any], name: str, tensor: torch.Tensor | Pieces | FileRange, offset: int) -> int:
     """Enter ``tensor`` in ``header`` at data offset ``offset``; return the offset after it."""
-    if isinstance(tensor, Pieces):
-        dtype, shape, size = "U8", [len(tensor)], len(tensor)
-    elif isinstance(tensor, FileRange):
-        dtype, shape, size = tensor.dtype, list(tensor.shape or (len(tensor),)), len(tensor)
-    else:
-        dtype, shape, size = _names()[tensor.dtype], list(tensor.shape), tensor.numel() * tensor.element_size()
-    header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+    dtype, shape, size = tensor_layout(tensor)
+    header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
     return offset + size
 
 

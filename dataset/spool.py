@@ -45,9 +45,8 @@ from typing import Any
 import orjson
 
 from hsx.dataset.encoding import stored_tensor
-from hsx.dataset.file_copy import copy_range
-from hsx.dataset.safetensors_io import safetensors_dtype, streamed_layout
-from hsx.dataset.sample import FileRange, Pieces, Sample
+from hsx.dataset.safetensors_io import streamed_layout, tensor_layout, write_tensor
+from hsx.dataset.sample import FileRange, Sample
 from hsx.dataset.storage.direct_file import ALIGN, DirectFile, give_back, set_direct, take_buffer
 from hsx.dataset.storage.local import fsync_path
 from hsx.schemas import Manifest
@@ -131,21 +130,14 @@ class ShardSpool:
         that left memory. ``OSError``: the spool is broken, no sample left
         memory that was not in the file."""
         stored = stored_tensor(sample)
-        dtype, shape = ("U8", None) if isinstance(stored, (Pieces, FileRange)) else (
-            safetensors_dtype(stored.dtype), tuple(stored.shape))
+        dtype, shape, size = tensor_layout(stored)
         at = self._out.size
         try:
-            if isinstance(sample.hidden_states, FileRange):
-                copy_range(sample.hidden_states, self._out)
-            elif isinstance(sample.hidden_states, Pieces):
-                for part in sample.hidden_states.parts:
-                    self._out.write(part)
-            else:
-                self._out.write(sample.hidden_states)
+            write_tensor(self._out, stored)
         except OSError:
             self.broken = True
             raise
-        self.placed[sample.manifest.request_id] = FileRange(self.path, at, len(sample.hidden_states), dtype, shape)
+        self.placed[sample.manifest.request_id] = FileRange(self.path, at, size, dtype, shape)
         self._unflushed.append(sample)
         released = 0
         while self._unflushed:

@@ -86,6 +86,16 @@ def test_a_streamed_shard_holds_what_a_held_one_holds(tmp_path: Path, codec: Dat
     assert sum(isinstance(s.hidden_states, FileRange) for s, _ in pairs) >= 4
 
 
+def _left_in_file(staged: Path, samples: list[Sample]) -> None:
+    """Move the samples' stored bytes into ``staged``, as a sample by reference
+    from a staging directory stays in its staged file."""
+    with staged.open("wb") as out:
+        for sample in samples:
+            data = bytes(sample.hidden_states)
+            sample.hidden_states = FileRange(staged, out.tell(), len(data))
+            out.write(data)
+
+
 def _samples_copy(pairs: list[tuple[Sample, torch.Tensor]]) -> list[tuple[Sample, torch.Tensor]]:
     """The same samples as new objects (streaming replaces a sample's bytes by their place in the file)."""
     return [(Sample(s.manifest, s.hidden_states, s.offsets, s.records, s.codec, s.checksum, s.fp8), h)
@@ -99,12 +109,7 @@ def test_samples_left_in_their_staged_file_stream_from_it(tmp_path: Path, small_
     inline), they are read straight into the spool's buffer."""
     pairs = _samples(DatasetCodec.BYTEPLANE_ZSTD, 6)
     _write(tmp_path / "held", [s for s, _ in _samples_copy(pairs)], None)
-    staged = tmp_path / "staged.bin"
-    with staged.open("wb") as out:
-        for sample, _ in pairs[1:]:
-            data = bytes(sample.hidden_states)
-            sample.hidden_states = FileRange(staged, out.tell(), len(data))
-            out.write(data)
+    _left_in_file(tmp_path / "staged.bin", [s for s, _ in pairs[1:]])
     shard = _write(tmp_path / "streamed", [s for s, _ in pairs], Spooling(tmp_path / "streamed" / SHARDS, 1))
     assert shard.spool is not None and shard.spool.landed
     _same_shard(tmp_path / "held", tmp_path / "streamed")
@@ -240,12 +245,7 @@ def test_samples_that_hold_no_memory_start_no_spool(tmp_path: Path) -> None:
     """A shard of samples left in a staging directory's files holds nothing: it
     is written when it closes, as before, however large."""
     pairs = _samples(DatasetCodec.BYTEPLANE_ZSTD, 3)
-    staged = tmp_path / "staged.bin"
-    with staged.open("wb") as out:
-        for sample, _ in pairs:
-            data = bytes(sample.hidden_states)
-            sample.hidden_states = FileRange(staged, out.tell(), len(data))
-            out.write(data)
+    _left_in_file(tmp_path / "staged.bin", [s for s, _ in pairs])
     shard = _write(tmp_path / "ds", [s for s, _ in pairs], Spooling(tmp_path / "ds" / SHARDS, 1))
     assert shard.spool is None and shard.held_bytes == 0
     dataset = open_dataset(tmp_path / "ds")
