@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from hsx.codecs.block import encode_block, read_header
-from hsx.codecs.fp8_blocks import encode_fp8_block
+from hsx.codecs.block import Record, encode_block_record
+from hsx.codecs.fp8_blocks import encode_fp8_record
 from hsx.extractor.connector.gather import Gathered
 from hsx.extractor.connector.metadata import SendJob, answer_fields
 from hsx.runtime.tensors import WIRE_DTYPES
@@ -36,29 +36,29 @@ def raw_bytes(gathered: Gathered) -> int:
     return tokens * layers * hidden * gathered.source_dtype.itemsize
 
 
-def encode_rows(gathered: Gathered, start: int, end: int, token_start: int, config: ConnectorConfig) -> bytes:
-    """Block record of rows ``[start, end)``, compressed with ``config``'s codec;
-    waits for the device-to-host copy. Raises ``ValueError`` for fp8 rows whose
-    scale is not finite."""
+def encode_rows(gathered: Gathered, start: int, end: int, token_start: int, config: ConnectorConfig) -> Record:
+    """Block record of rows ``[start, end)``, compressed with ``config``'s codec,
+    as pieces; waits for the device-to-host copy. Raises ``ValueError`` for fp8
+    rows whose scale is not finite."""
     rows = gathered.wait()[start:end]
     shape: tuple[int, int, int] = tuple(rows.shape)  # type: ignore[assignment]
     dtype = WIRE_DTYPES[gathered.source_dtype]
     if gathered.scales is None:
-        return encode_block(rows.view(torch.uint8).numpy(), shape=shape, dtype=dtype, token_start=token_start,
+        return encode_block_record(rows.view(torch.uint8).numpy(), shape=shape, dtype=dtype, token_start=token_start,
                             codec=config.codec, level=config.codec_level)
     scales = gathered.scales[start:end]
     if not bool(torch.isfinite(scales).all()):  # a row's amax was inf or NaN
         raise ValueError("fp8 cannot hold non-finite hidden states (E4M3FN has no infinities); "
                          "extract this model with --wire-dtype model")
-    return encode_fp8_block(rows.numpy(), scales.numpy(), shape=shape, dtype=dtype, token_start=token_start,
+    return encode_fp8_record(rows.numpy(), scales.numpy(), shape=shape, dtype=dtype, token_start=token_start,
                             codec=config.codec, level=config.codec_level)
 
 
-def block_ref(index: int, value: bytes) -> BlockRef:
-    """What the manifest says of the block whose record value is ``value``."""
-    header, _ = read_header(value)
+def block_ref(index: int, record: Record) -> BlockRef:
+    """What the manifest says of block ``index``, encoded as ``record``."""
+    header = record.header
     return BlockRef(index=index, token_start=header.token_start, token_end=header.token_end,
-                    checksum=header.checksum, compressed_nbytes=len(value))
+                    checksum=header.checksum, compressed_nbytes=record.nbytes)
 
 
 def manifest_record(job: SendJob, params: RequestParams, gathered: Gathered, refs: list[BlockRef],

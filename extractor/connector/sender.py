@@ -37,6 +37,7 @@ import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from hsx.codecs.block import Record
 from hsx.extractor.completion import CompletionSender
 from hsx.extractor.connector.gather import Gathered
 from hsx.extractor.connector.metadata import SendJob
@@ -136,11 +137,12 @@ class BlockSender:
 
     # -- compression pool -------------------------------------------------------------
 
-    def _encode(self, transfer: Transfer, index: int) -> bytes:
+    def _encode(self, transfer: Transfer, index: int) -> Record:
         start, end = transfer.ranges[index]
-        return encode_rows(transfer.gathered, start, end, transfer.job.first_row + start, self._config)
+        record = encode_rows(transfer.gathered, start, end, transfer.job.first_row + start, self._config)
+        return record if self._stager is not None else record.joined()
 
-    def _encoded(self, transfer: Transfer, index: int, future: Future[bytes]) -> None:
+    def _encoded(self, transfer: Transfer, index: int, future: Future[Record]) -> None:
         with transfer.lock:
             transfer.encoding -= 1
             if future.exception() is not None:
@@ -175,19 +177,19 @@ class BlockSender:
         is full (the transfer stalls), or the manifest is queued."""
         while transfer.next_to_produce < len(transfer.ranges):
             index = transfer.next_to_produce
-            value = transfer.encoded[index]
-            if value is None:
+            record = transfer.encoded[index]
+            if record is None:
                 return
             if transfer.staging is not None:
-                transfer.staging.put(value)
+                transfer.staging.put(record.pieces)
             else:
                 headers = BlockRecordHeaders(kind=RecordKind.BLOCK, attempt_id=transfer.params.attempt_id,
                                              block_index=index, codec=self._config.codec)
-                if not self._produce(transfer, value, headers):
+                if not self._produce(transfer, record.value(), headers):
                     return
-            transfer.refs.append(block_ref(index, value))
+            transfer.refs.append(block_ref(index, record))
             transfer.encoded[index] = None  # now the producer's queue's, or the upload's
-            transfer.compressed_bytes += len(value)
+            transfer.compressed_bytes += record.nbytes
             transfer.next_to_produce += 1
         if transfer.uploading:
             return  # the manifest waits until the staged object is durable

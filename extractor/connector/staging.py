@@ -1,5 +1,5 @@
 """By reference (``hsx extract --payload-store``): each attempt's block record
-values go, in order as they are encoded, back to back into one staged object at
+values go, as the pieces they were encoded in, in order as they are encoded, back to back into one staged object at
 :func:`hsx.schemas.staged_key` in the payload store. The write is streamed (a
 multipart upload on S3, parts of the store's part size), so memory holds the
 blocks not yet written, never the object; the object is durable when the
@@ -10,6 +10,8 @@ from __future__ import annotations
 import queue
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+
+from typing_extensions import Buffer
 
 from hsx.dataset.storage import open_storage
 from hsx.schemas import staged_key
@@ -27,12 +29,12 @@ class Stager:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="hsx-stage")
 
     def start(self, request_id: str, attempt_id: str, blocks: int,
-              done: Callable[[BaseException | None], None]) -> queue.SimpleQueue[bytes | None]:
-        """Stage an attempt of ``blocks`` blocks: put their values on the returned
-        queue in order (never blocks), or None to give up. ``done`` is called from
+              done: Callable[[BaseException | None], None]) -> queue.SimpleQueue[list[Buffer] | None]:
+        """Stage an attempt of ``blocks`` blocks: put their values (each as its
+        pieces) on the returned queue in order (never blocks), or None to give up. ``done`` is called from
         the pool once the object is durable (None), or with the error that stopped
         it (not when given up)."""
-        values: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        values: queue.SimpleQueue[list[Buffer] | None] = queue.SimpleQueue()
         future = self._pool.submit(self._write, staged_key(request_id, attempt_id), blocks, values)
 
         def finished(f: Future[None]) -> None:
@@ -42,13 +44,14 @@ class Stager:
         future.add_done_callback(finished)
         return values
 
-    def _write(self, key: str, blocks: int, values: queue.SimpleQueue[bytes | None]) -> None:
+    def _write(self, key: str, blocks: int, values: queue.SimpleQueue[list[Buffer] | None]) -> None:
         with self._store.open_atomic(key) as out:
             for _ in range(blocks):
-                value = values.get()
-                if value is None:
+                pieces = values.get()
+                if pieces is None:
                     raise _GaveUp
-                out.write(value)
+                for piece in pieces:
+                    out.write(piece)
 
     def close(self) -> None:
         """Wait for the uploads under way (every one of them is fed or given up by then)."""

@@ -7,6 +7,9 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
+from typing_extensions import Buffer
+
+from hsx.codecs.block import Record
 from hsx.extractor.connector.gather import Gathered
 from hsx.extractor.connector.metadata import SendJob
 from hsx.schemas import BlockRef
@@ -22,7 +25,8 @@ class Transfer:
     gathered: Gathered
     ranges: list[tuple[int, int]]
     raw_bytes: int
-    encoded: list[bytes | None] = field(default_factory=list)
+    encoded: list[Record | None] = field(default_factory=list)
+    """Blocks encoded and not yet produced (inline: each one piece)."""
     encoding: int = 0
     """Blocks still on the compression pool."""
     refs: list[BlockRef] = field(default_factory=list)
@@ -39,8 +43,8 @@ class Transfer:
     error: str | None = None
     refused: bool = False
     """Kafka refused one of its records: fatal for the extractor, not retried."""
-    staging: queue.SimpleQueue[bytes | None] | None = None
-    """By reference: the blocks, in order, for the upload (None: give up)."""
+    staging: queue.SimpleQueue[list[Buffer] | None] | None = None
+    """By reference: the blocks' pieces, in order, for the upload (None: give up)."""
     uploading: bool = False
     """By reference: the staged object is being written."""
     lock: threading.Lock = field(default_factory=threading.Lock)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from typing_extensions import Buffer
@@ -105,7 +106,50 @@ def encode_block(
     ``raw`` is any buffer (``bytes``, ``memoryview``, a numpy array); the GIL is
     released while zstd works, so blocks can be encoded on a thread pool.
     """
-    view = memoryview(raw).cast("B")
+    return frame(MAGIC, *_encode(memoryview(raw).cast("B"), shape, dtype, token_start, codec, level))
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record's bytes as pieces, its framing and header first, and the header
+    they carry: whoever sends it writes the pieces one by one or joins them
+    (:meth:`value`). Each piece is its own (none is a view of a reused buffer or
+    of the rows it was encoded from)."""
+
+    header: BlockHeader
+    pieces: list[Buffer]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(memoryview(piece).nbytes for piece in self.pieces)
+
+    def value(self) -> bytes:
+        """The record value: the pieces back to back."""
+        return self.pieces[0] if len(self.pieces) == 1 and isinstance(self.pieces[0], bytes) else b"".join(self.pieces)
+
+    def joined(self) -> Record:
+        """The same record as one piece: what a Kafka record needs (joined where it is
+        encoded, on the pool, rather than where it is produced, under a lock)."""
+        return Record(self.header, [self.value()])
+
+
+def encode_block_record(
+    raw: Buffer,
+    *,
+    shape: tuple[int, int, int],
+    dtype: DType,
+    token_start: int,
+    codec: Codec = Codec.BYTEPLANE_ZSTD,
+    level: int = DEFAULT_LEVEL,
+) -> Record:
+    """:func:`encode_block`'s record as pieces, not joined: by reference, the
+    connector writes them to the staged object as they are (a join would copy
+    every byte once more)."""
+    return framed(MAGIC, *_encode(memoryview(raw).cast("B"), shape, dtype, token_start, codec, level))
+
+
+def _encode(view: memoryview, shape: tuple[int, int, int], dtype: DType, token_start: int, codec: Codec,
+            level: int) -> tuple[BlockHeader, list[Buffer]]:
     expected = shape[0] * shape[1] * shape[2] * dtype.itemsize
     if view.nbytes != expected:
         raise ValueError(f"{view.nbytes} raw bytes do not match shape {shape} of {dtype.value}")
@@ -120,7 +164,7 @@ def encode_block(
         segments=segments,
         payload_checksum=checksum(*parts),
     )
-    return frame(MAGIC, header, parts)
+    return header, parts
 
 
 def _compress(
@@ -237,8 +281,19 @@ def frame(magic: bytes, header: BaseModel, parts: list[Buffer]) -> bytes:
     """``magic | u32 header length | JSON header | parts``: one record's bytes.
     Unset (``None``) fields are left out, so that a header field added later
     (``quantization``) leaves the records without it exactly as they were."""
+    return b"".join(_framing(magic, header) + parts)
+
+
+def framed(magic: bytes, header: BlockHeader, parts: list[Buffer]) -> Record:
+    """:func:`frame`'s bytes as a :class:`Record` of pieces, the parts that are
+    views (raw segments: of the caller's rows, of a reused buffer) copied."""
+    owned = [part if isinstance(part, bytes) else bytes(part) for part in parts]
+    return Record(header, _framing(magic, header) + owned)
+
+
+def _framing(magic: bytes, header: BaseModel) -> list[Buffer]:
     header_bytes = header.model_dump_json(exclude_none=True).encode()
-    return b"".join([FRAME_PREFIX.pack(magic, len(header_bytes)), header_bytes, *parts])
+    return [FRAME_PREFIX.pack(magic, len(header_bytes)), header_bytes]
 
 
 def decode_block(value: Buffer, out: memoryview | None = None) -> tuple[BlockHeader, Buffer]:

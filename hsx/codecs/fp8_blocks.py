@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from typing_extensions import Buffer
 
-from hsx.codecs.block import DEFAULT_LEVEL, CorruptBlock, checksum, frame, pack_segment
+from hsx.codecs.block import DEFAULT_LEVEL, CorruptBlock, Record, checksum, frame, framed, pack_segment
 from hsx.codecs.fp8 import E4M3_MAX, MIN_SCALE, to_fp8, widen
 from hsx.schemas.blocks import MAGIC, BlockHeader, Codec, DType, Segment
 
@@ -40,6 +40,17 @@ def encode_fp8_block(codes: Buffer, scales: Buffer, *, shape: tuple[int, int, in
     """One record of ``[tokens, layers, hidden]`` E4M3FN ``codes`` (uint8) and
     their ``[tokens, layers]`` float32 ``scales`` (little-endian), quantized from
     rows of ``dtype``. Any buffers; the GIL is released while zstd works."""
+    return frame(MAGIC, *_encode(codes, scales, shape, dtype, token_start, codec, level))
+
+
+def encode_fp8_record(codes: Buffer, scales: Buffer, *, shape: tuple[int, int, int], dtype: DType,
+                      token_start: int, codec: Codec = Codec.BYTEPLANE_ZSTD, level: int = DEFAULT_LEVEL) -> Record:
+    """:func:`encode_fp8_block`'s record as pieces, not joined (:class:`~hsx.codecs.block.Record`)."""
+    return framed(MAGIC, *_encode(codes, scales, shape, dtype, token_start, codec, level))
+
+
+def _encode(codes: Buffer, scales: Buffer, shape: tuple[int, int, int], dtype: DType, token_start: int,
+            codec: Codec, level: int) -> tuple[BlockHeader, list[Buffer]]:
     tokens, layers, hidden = shape
     parts = [memoryview(scales).cast("B"), memoryview(codes).cast("B")]
     if [p.nbytes for p in parts] != [tokens * layers * 4, tokens * layers * hidden]:
@@ -51,7 +62,7 @@ def encode_fp8_block(codes: Buffer, scales: Buffer, *, shape: tuple[int, int, in
     header = BlockHeader(codec_version=2, quantization="fp8", codec=codec, dtype=dtype, shape=shape,
                          token_start=token_start, token_end=token_start + tokens, checksum=checksum(*parts),
                          segments=[segment for segment, _ in packed])
-    return frame(MAGIC, header, [part for _, part in packed])
+    return header, [part for _, part in packed]
 
 
 def fp8_rows(header: BlockHeader, raw: bytes) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hsx.codecs.block import CorruptBlock, checksum, decode_block, encode_block, read_header
+from hsx.codecs.block import CorruptBlock, checksum, decode_block, encode_block, encode_block_record, read_header
 from hsx.runtime.tensors import TORCH_DTYPES
 from hsx.schemas import Codec, DType
 
@@ -54,6 +54,24 @@ def test_incompressible_planes_are_stored_raw() -> None:
     assert len(header.segments) == 4
     assert header.segments[0].encoding == "raw"  # the lowest mantissa byte is noise
     assert header.segments[3].encoding == "zstd"  # sign and high exponent bits repeat
+
+
+@pytest.mark.parametrize("dtype", [DType.BFLOAT16, DType.FLOAT32])
+@pytest.mark.parametrize("codec", list(Codec))
+def test_a_record_in_pieces_is_the_record_and_owns_its_bytes(dtype: DType, codec: Codec) -> None:
+    """The connector writes a staged block piece by piece after this thread encoded
+    others: no piece may be a view of the thread's reused plane buffer (float32's
+    low planes are stored raw) or of the rows, which go back to their pool."""
+    first, second = hidden_like(64, dtype, seed=1), hidden_like(64, dtype, seed=2)
+    rows = raw_bytes(first).copy()
+    record = encode_block_record(rows, shape=tuple(first.shape), dtype=dtype, token_start=3, codec=codec)
+    expected = encode_block(raw_bytes(first), shape=tuple(first.shape), dtype=dtype, token_start=3, codec=codec)
+    encode_block(raw_bytes(second), shape=tuple(second.shape), dtype=dtype, token_start=0, codec=codec)
+    rows[:] = 0
+    assert b"".join(bytes(piece) for piece in record.pieces) == record.value() == expected
+    assert record.nbytes == len(expected)
+    assert record.header == read_header(expected)[0]
+    assert record.joined().pieces == [expected]
 
 
 def _encoded(codec: Codec = Codec.BYTEPLANE_ZSTD) -> bytes:

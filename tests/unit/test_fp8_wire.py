@@ -16,7 +16,7 @@ import torch
 from hsx.codecs.block import CorruptBlock, decode_block, encode_block, frame, read_header
 from hsx.codecs.dataset import decode_sample, read_fp8
 from hsx.codecs.fp8 import from_fp8, to_fp8, widen
-from hsx.codecs.fp8_blocks import encode_fp8_block, fp8_rows, quantize_block
+from hsx.codecs.fp8_blocks import encode_fp8_block, encode_fp8_record, fp8_rows, quantize_block
 from hsx.dataset.encoding import encode
 from hsx.dataset.sample import Sample
 from hsx.extractor.connector.gather import gather_cpu
@@ -65,7 +65,10 @@ def test_an_fp8_record_round_trips_bit_exact(codec: Codec, dtype: torch.dtype) -
     gathered = gather_cpu(_cache(dtype, 7), [3, 1, 2], 40, BLOCK, first=2, fp8=True)
     codes, scales = gathered.tensor.numpy(), gathered.scales.numpy()  # type: ignore[union-attr]
     value = encode_fp8_block(codes, scales, shape=codes.shape, dtype=WIRE_DTYPES[dtype], token_start=2, codec=codec)
+    record = encode_fp8_record(codes.copy(), scales.copy(), shape=codes.shape, dtype=WIRE_DTYPES[dtype],
+                               token_start=2, codec=codec)
     header, raw = decode_block(value)
+    assert record.value() == value and record.header == header  # the connector's pieces are the same record
     assert (header.codec_version, header.quantization, header.dtype, header.codec) == (2, "fp8", WIRE_DTYPES[dtype], codec)
     assert (header.token_start, header.token_end, header.shape) == (2, 40, (38, LAYERS, HIDDEN))
     got_codes, got_scales = fp8_rows(header, raw)
