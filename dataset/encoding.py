@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hsx.codecs.block import CorruptBlock, checksum, read_header
+from hsx.codecs.block import checksum, read_header
+from hsx.codecs.framing import CorruptBlock
 from hsx.codecs.dataset import decode_sample, encode_fp8_sample, encode_sample
 from hsx.codecs.fp8 import from_fp8, narrow
 from hsx.dataset.safetensors_io import safetensors_dtype

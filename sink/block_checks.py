@@ -14,7 +14,8 @@ from contextlib import contextmanager
 import numpy as np
 from typing_extensions import Buffer
 
-from hsx.codecs.block import CorruptBlock, combined_checksum, decode_block, read_header, verify_stored
+from hsx.codecs.block import combined_checksum, decode_block, read_header, verify_stored
+from hsx.codecs.framing import CorruptBlock
 from hsx.codecs.fp8_blocks import fp8_rows
 from hsx.runtime.errors import InvalidInput
 from hsx.schemas import BlockHeader, ErrorClass, Manifest

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from hsx.codecs.block import Record, encode_block_record
+from hsx.codecs.block import encode_block_record
+from hsx.codecs.framing import Record
 from hsx.codecs.fp8_blocks import encode_fp8_record
 from hsx.extractor.connector.gather import Gathered
 from hsx.extractor.connector.metadata import SendJob, answer_fields

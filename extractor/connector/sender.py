@@ -37,7 +37,7 @@ import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from hsx.codecs.block import Record
+from hsx.codecs.framing import Record
 from hsx.extractor.completion import CompletionSender
 from hsx.extractor.connector.gather import Gathered
 from hsx.extractor.connector.metadata import SendJob

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from typing_extensions import Buffer
 
-from hsx.codecs.block import Record
+from hsx.codecs.framing import Record
 from hsx.extractor.connector.gather import Gathered
 from hsx.extractor.connector.metadata import SendJob
 from hsx.schemas import BlockRef

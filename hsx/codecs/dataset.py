@@ -25,18 +25,9 @@ import math
 import numpy as np
 from typing_extensions import Buffer
 
-from hsx.codecs.block import (
-    CorruptBlock,
-    check_segments,
-    checksum,
-    decode_block,
-    encode_block,
-    frame,
-    pack_segment,
-    read_frame,
-    read_header,
-    unpack_segment,
-)
+from hsx.codecs.block import checksum, decode_block, encode_block, read_header
+from hsx.codecs.framing import CorruptBlock, frame, read_frame
+from hsx.codecs.segments import check_segments, pack_segment, unpack_segment
 from hsx.codecs.fp8 import from_fp8, narrow, to_fp8, widen
 from hsx.schemas.blocks import MAGIC, BlockHeader, Codec, DType, Segment
 from hsx.schemas.dataset_codec import FP8_MAGIC, DatasetCodec, Fp8Header

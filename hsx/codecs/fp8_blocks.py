@@ -27,7 +27,9 @@ from __future__ import annotations
 import numpy as np
 from typing_extensions import Buffer
 
-from hsx.codecs.block import DEFAULT_LEVEL, CorruptBlock, Record, checksum, frame, framed, pack_segment
+from hsx.codecs.block import checksum
+from hsx.codecs.framing import CorruptBlock, Record, frame, framed
+from hsx.codecs.segments import DEFAULT_LEVEL, pack_segment
 from hsx.codecs.fp8 import E4M3_MAX, MIN_SCALE, to_fp8, widen
 from hsx.schemas.blocks import MAGIC, BlockHeader, Codec, DType, Segment
 

@@ -36,7 +36,8 @@ import numpy as np
 from confluent_kafka import Message as KafkaMessage
 from pydantic import JsonValue, ValidationError
 
-from hsx.codecs.block import CorruptBlock, decode_block, encode_block, frame, read_header, verify_stored
+from hsx.codecs.block import decode_block, encode_block, read_header, verify_stored
+from hsx.codecs.framing import CorruptBlock, frame
 from hsx.codecs.dataset import decode_sample, encode_sample
 from hsx.codecs.fp8 import narrow
 from hsx.codecs.fp8_blocks import fp8_rows, quantize_block

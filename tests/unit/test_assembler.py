@@ -9,7 +9,8 @@ import orjson
 import pytest
 import torch
 
-from hsx.codecs.block import CorruptBlock, checksum, encode_block, frame, read_header
+from hsx.codecs.block import checksum, encode_block, read_header
+from hsx.codecs.framing import CorruptBlock, frame
 from hsx.codecs.dataset import decode_sample
 from hsx.dataset.encoding import encode
 from hsx.dataset.sample import Pieces, Sample

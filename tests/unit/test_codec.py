@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from hsx.codecs.block import CorruptBlock, checksum, decode_block, encode_block, encode_block_record, read_header
+from hsx.codecs.block import checksum, decode_block, encode_block, encode_block_record, read_header
+from hsx.codecs.framing import CorruptBlock
 from hsx.runtime.tensors import TORCH_DTYPES
 from hsx.schemas import Codec, DType
 

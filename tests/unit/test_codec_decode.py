@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import zstandard
 
-from hsx.codecs.block import CorruptBlock, checksum, decode_block, encode_block
+from hsx.codecs.block import checksum, decode_block, encode_block
+from hsx.codecs.framing import CorruptBlock
 from hsx.schemas import Codec, DType
 from hsx.schemas.blocks import FRAME_PREFIX, MAGIC, BlockHeader, Segment
 

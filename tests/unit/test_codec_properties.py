@@ -51,8 +51,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from hsx.codecs.block import (ZSTD_MAX_RATIO, CorruptBlock, checksum, decode_block, encode_block, frame,
-                              read_header, verify_stored)
+from hsx.codecs.block import checksum, decode_block, encode_block, read_header, verify_stored
+from hsx.codecs.framing import CorruptBlock, frame
+from hsx.codecs.segments import ZSTD_MAX_RATIO
 from hsx.codecs.dataset import decode_sample, encode_sample, read_fp8
 from hsx.codecs.fp8 import error_bound, from_fp8, narrow, to_fp8, widen
 from hsx.codecs.fp8_blocks import fp8_rows, quantize_block

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from hsx.codecs.block import CorruptBlock, encode_block
+from hsx.codecs.block import encode_block
+from hsx.codecs.framing import CorruptBlock
 from hsx.codecs.dataset import decode_sample, encode_sample, read_fp8
 from hsx.codecs.fp8 import error_bound, widen
 from hsx.runtime.tensors import TORCH_DTYPES

@@ -13,7 +13,8 @@ import orjson
 import pytest
 import torch
 
-from hsx.codecs.block import CorruptBlock, decode_block, encode_block, frame, read_header
+from hsx.codecs.block import decode_block, encode_block, read_header
+from hsx.codecs.framing import CorruptBlock, frame
 from hsx.codecs.dataset import decode_sample, read_fp8
 from hsx.codecs.fp8 import from_fp8, to_fp8, widen
 from hsx.codecs.fp8_blocks import encode_fp8_block, encode_fp8_record, fp8_rows, quantize_block

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from hsx.codecs.block import CorruptBlock, encode_block, frame
+from hsx.codecs.block import encode_block
+from hsx.codecs.framing import CorruptBlock, frame
 from hsx.codecs.dataset import decode_sample
 from hsx.schemas import DlqHeaders, DType
 from hsx.schemas.blocks import MAGIC, BlockHeader, Codec, Segment
