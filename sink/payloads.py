@@ -40,6 +40,7 @@ written (the write is retried, logged, until the sink restarts and replays).
 from __future__ import annotations
 
 import logging
+import mmap
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -47,6 +48,7 @@ from pathlib import Path
 
 from hsx.dataset.sample import FileRange, Sample
 from hsx.dataset.storage import Storage
+from hsx.dataset.storage.direct_file import ALIGN, open_uncached, read_aligned
 from hsx.runtime.errors import ServiceFailed
 from hsx.runtime.kafka.watermarks import TopicPartitionKey
 from hsx.schemas import ErrorClass, Manifest, staged_key
@@ -69,8 +71,9 @@ class PayloadReader:
                  buffer_max: int = 256 << 20) -> None:
         self._storage = storage
         self._fail = fail
-        self._buffer = bytearray()
-        """Staged objects from a directory are read into it to be verified, reused."""
+        self._buffer = mmap.mmap(-1, ALIGN)
+        """Staged objects from a directory are read into it to be verified, around
+        the page cache (the connector writes them so), reused."""
         self._buffer_max = buffer_max
         """Larger objects are read as from an object store, into a buffer of their own."""
 
@@ -143,18 +146,17 @@ class PayloadReader:
         its records came (decoded, it needs bytes of its own: read it again)."""
         if nbytes > self._buffer_max:
             return None
-        if len(self._buffer) < nbytes:
-            self._buffer = bytearray(nbytes)
-        view = memoryview(self._buffer)[:nbytes]
+        aligned = -(-nbytes // ALIGN) * ALIGN
+        if len(self._buffer) < aligned:
+            self._buffer = mmap.mmap(-1, aligned)  # page-aligned, as a read around the page cache wants
         try:
-            with path.open("rb", buffering=0) as file:
-                got = 0
-                while got < nbytes and (n := file.readinto(view[got:])):
-                    got += n
+            with open_uncached(path) as fd:
+                got = min(read_aligned(fd, memoryview(self._buffer)[:aligned], 0), nbytes)
         except FileNotFoundError:
             return _missing(staged, location)
         if got != nbytes:
             return _short(staged, location, got, nbytes)
+        view = memoryview(self._buffer)[:nbytes]
         done = assembler.complete(staged, view, location)
         if isinstance(done, Sample):
             return replace(done, hidden_states=FileRange(path, 0, nbytes)) if done.hidden_states is view else None

@@ -1,5 +1,6 @@
 """Writing a large file around the page cache (``O_DIRECT``), for files this
-machine will not read back soon: a dataset's shards.
+machine will not read back soon: a dataset's shards; and reading one that was
+written so (a staged object) the same way.
 
 A buffered write copies every byte into page-cache pages the kernel allocates
 for the new file, and those pages are the data path's largest cost where fresh
@@ -25,6 +26,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from typing_extensions import Buffer
 
@@ -105,7 +107,12 @@ class DirectFile:
 
     def fill_from(self, fd: int, offset: int, length: int) -> int:
         """Append ``length`` bytes of the file ``fd`` from ``offset``; the bytes
-        appended, fewer only where that file ends first."""
+        appended, fewer only where that file ends first. From an aligned
+        ``offset`` (a staged object) the file is read around the page cache too,
+        through a second buffer (this one's free part is not aligned); else
+        straight into this buffer, through the cache."""
+        if offset % ALIGN == 0 and set_direct(fd, True):
+            return self._fill_around_cache(fd, offset, length)
         done = 0
         while done < length:
             want = min(length - done, CHUNK - self._used)
@@ -115,6 +122,22 @@ class DirectFile:
             self._filled(got)
             done += got
         return done
+
+    def _fill_around_cache(self, fd: int, offset: int, length: int) -> int:
+        bounce = take_buffer()
+        try:
+            done = 0
+            while done < length:
+                left = length - done
+                want = min(-(-left // ALIGN) * ALIGN, CHUNK)
+                got = read_aligned(fd, memoryview(bounce)[:want], offset + done)
+                self.write(memoryview(bounce)[:min(got, left)])
+                done += min(got, left)
+                if got < want:
+                    break  # the file ended
+            return done
+        finally:
+            give_back(bounce)
 
     def finish(self) -> None:
         """Write the tail, padded to :data:`ALIGN`, and cut the file to its size."""
@@ -161,6 +184,38 @@ class DirectFile:
             except OSError as exc:
                 if exc.errno != errno.EINVAL or not set_direct(self._fd, False):
                     raise
+
+
+@contextmanager
+def open_uncached(path: Path) -> Iterator[int]:
+    """``path`` open for reading around the page cache (``O_DIRECT``) where its
+    file system allows it, else through the cache; read it with
+    :func:`read_aligned`."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        set_direct(fd, True)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def read_aligned(fd: int, into: memoryview, offset: int) -> int:
+    """Read ``fd`` from ``offset`` into ``into`` (page-aligned; its length and
+    ``offset`` multiples of :data:`ALIGN`, as ``O_DIRECT`` wants them); the
+    bytes read, fewer only where the file ends. Through the page cache from here
+    on if the file system refuses ``O_DIRECT`` at the read."""
+    done = 0
+    while done < len(into):
+        try:
+            got = os.preadv(fd, [into[done:]], offset + done)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or not set_direct(fd, False):
+                raise
+            continue
+        if not got:
+            break
+        done += got
+    return done
 
 
 def set_direct(fd: int, direct: bool) -> bool:

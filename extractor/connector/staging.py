@@ -45,7 +45,10 @@ class Stager:
         return values
 
     def _write(self, key: str, blocks: int, values: queue.SimpleQueue[list[Buffer] | None]) -> None:
-        with self._store.open_atomic(key) as out:
+        # Around the page cache: the sink reads the object on its own node (the folder is shared), if not
+        # soon, and around the cache too; written through it, each byte would first take a fresh page of
+        # the GPU node's memory (bench.datapath: up to 4-9 CPU-s per GB in the hours when those are dear).
+        with self._store.open_atomic(key, cache=False) as out:
             for _ in range(blocks):
                 pieces = values.get()
                 if pieces is None:

@@ -143,3 +143,60 @@ def test_a_file_system_that_refuses_direct_io_at_open_gets_the_same_bytes(tmp_pa
     expected = _written(storage, SIZES["a chunk and a byte"])
     assert len(refused) == 1
     assert (tmp_path / "shards" / "s.safetensors").read_bytes() == expected
+
+
+def _staged(tmp_path: Path, size: int) -> tuple[Path, bytes]:
+    """A staged object as the connector writes one: around the page cache."""
+    data = random.Random(size).randbytes(size)
+    with LocalStorage(tmp_path / "staging").open_atomic("r.blocks", cache=False) as out:
+        out.write(data)
+    path = tmp_path / "staging" / "r.blocks"
+    assert _resident_pages(path) == 0
+    return path, data
+
+
+@pytest.mark.parametrize("size", [1, ALIGN, CHUNK + 12_345, 2 * CHUNK])
+def test_a_staged_object_is_copied_into_a_shard_around_the_page_cache(tmp_path: Path, size: int) -> None:
+    """From offset 0 (a whole staged object) through a second aligned buffer,
+    into a shard whose buffer is 5 bytes in (unaligned): the same bytes, and
+    not one page of the staged object cached on the way."""
+    source, data = _staged(tmp_path, size)
+    storage = LocalStorage(tmp_path / "dataset")
+    with storage.open_atomic("shards/s.safetensors", cache=False) as out:
+        out.write(b"head!")
+        copy_range(FileRange(source, 0, size), out)
+    assert (tmp_path / "dataset" / "shards" / "s.safetensors").read_bytes() == b"head!" + data
+    assert _resident_pages(source) == 0
+
+
+def test_a_staged_object_shorter_than_verified_fails_the_write_around_the_cache(tmp_path: Path) -> None:
+    source, _ = _staged(tmp_path, 100)
+    with pytest.raises(OSError, match="holds 100 of the 200 bytes"):
+        with LocalStorage(tmp_path / "dataset").open_atomic("shards/s.safetensors", cache=False) as out:
+            copy_range(FileRange(source, 0, 200), out)
+
+
+@pytest.mark.parametrize("refuse", [False, True], ids=["direct", "refused at the read"])
+def test_a_staged_object_is_read_whole_into_an_aligned_buffer(tmp_path: Path, refuse: bool,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the sink verifies a staged object from; a file system that accepts
+    O_DIRECT at open and refuses the read (EINVAL) is read through the cache."""
+    source, data = _staged(tmp_path, CHUNK + 7)
+    real_preadv = os.preadv
+    refused = []
+
+    def preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        import fcntl
+
+        if refuse and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(direct_file.os, "preadv", preadv)
+    buffer = mmap.mmap(-1, 2 * CHUNK)
+    with direct_file.open_uncached(source) as fd:
+        got = direct_file.read_aligned(fd, memoryview(buffer)[:CHUNK + ALIGN], 0)
+    assert (got, buffer[:got]) == (len(data), data)
+    assert refused == ([0] if refuse else [])
+    assert (_resident_pages(source) > 0) == refuse
