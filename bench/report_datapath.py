@@ -172,7 +172,11 @@ DATAPATH: tuple[Block, ...] = (When("datapath_inline_mb_s", (
     "aligned buffer (`DirectFile.fill_from`). Both together, three interleaved pairs of the same: connector side "
     "6.90 / 1.99 / 1.80 -> 1.73 / 1.86 / 1.75 (the first pair's before fell in a dear hour), sink 0.75 / 0.46 / "
     "0.45 -> 0.40 / 0.42 / 0.41 (system 0.53 / 0.27 / 0.28 -> 0.11 / 0.12 / 0.11), MB/s 145 / 283 / 290 -> 272 / "
-    "233 / 242 (each staged byte now read from the disk twice). What encoding is made of (one thread, SmolLM2's demo samples, 1 MiB blocks): the split 0.1-0.2 "
+    "233 / 242 (each staged byte now read from the disk twice). By reference on S3 the sink's figure depends on "
+    "what ran before it: in runs of S3 rounds alone (`--transports s3 --gib 1`, six in a row) it was 0.86-0.94 "
+    "CPU-s per GB (system 0.22-0.34), in two runs of the whole benchmark the same hour 2.0-3.0 (system 1.9-2.2, "
+    "SeaweedFS's system time doubled too): each staged object is fetched into fresh memory, and whether fresh "
+    "pages are dear on this machine depends on what the processes before freed. What encoding is made of (one thread, SmolLM2's demo samples, 1 MiB blocks): the split 0.1-0.2 "
     "CPU-s per GB, zstd on the exponent plane 0.45 (to 53.5 % of its size), on the low byte plane 0.39 (to "
     "89.8 %), the two CRC-32s 0.12. Storing bfloat16's low byte plane raw would save 0.39 CPU-s per GB for 7 % "
     "more bytes in Kafka or the store: a trade of storage for CPU, not made.",
