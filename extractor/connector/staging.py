@@ -1,7 +1,8 @@
 """By reference (``hsx extract --payload-store``): each attempt's block record
-values go, as the pieces they were encoded in, in order as they are encoded, back to back into one staged object at
-:func:`hsx.schemas.staged_key` in the payload store. The write is streamed (a
-multipart upload on S3, parts of the store's part size), so memory holds the
+values go, in order as they are encoded (each as the pieces it was encoded in),
+back to back into one staged object at :func:`hsx.schemas.staged_key` in the
+payload store. The write is streamed (a multipart upload on S3, parts of the
+store's part size; on a directory, around the page cache), so memory holds the
 blocks not yet written, never the object; the object is durable when the
 upload completes, and absent if it was given up."""
 
@@ -31,9 +32,9 @@ class Stager:
     def start(self, request_id: str, attempt_id: str, blocks: int,
               done: Callable[[BaseException | None], None]) -> queue.SimpleQueue[list[Buffer] | None]:
         """Stage an attempt of ``blocks`` blocks: put their values (each as its
-        pieces) on the returned queue in order (never blocks), or None to give up. ``done`` is called from
-        the pool once the object is durable (None), or with the error that stopped
-        it (not when given up)."""
+        pieces) on the returned queue in order (never blocks), or None to give
+        up. ``done`` is called from the pool once the object is durable (None),
+        or with the error that stopped it (not when given up)."""
         values: queue.SimpleQueue[list[Buffer] | None] = queue.SimpleQueue()
         future = self._pool.submit(self._write, staged_key(request_id, attempt_id), blocks, values)
 
