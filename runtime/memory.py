@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 _M_TRIM_THRESHOLD = -1  # from malloc.h
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 MAX_MMAP_THRESHOLD = 32 << 20
 """glibc's ceiling for the mmap threshold on 64-bit systems: the largest buffer
 it will take from a heap."""
@@ -31,10 +32,18 @@ def keep_freed_memory(up_to: int) -> None:
     returning it to the kernel: buffers up to :data:`MAX_MMAP_THRESHOLD` come
     from a heap, and a heap is trimmed only past ``up_to`` free bytes. The
     process's resident memory then stays at its high-water mark, which the
-    service's memory budget bounds. Nothing to do where libc is not glibc."""
+    service's memory budget bounds. Call it before the threads that allocate
+    start. Nothing to do where libc is not glibc.
+
+    Why one arena: glibc gives other threads (librdkafka's, the object store
+    client's) arenas of their own, made of 64 MiB heaps that are unmapped as
+    soon as they are empty, whatever the trim threshold. A thread that takes
+    staged objects of a few MiB each from S3 emptied and mapped such heaps again
+    and again: every byte on a fresh page (tests/unit/test_memory_policy.py)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return
-    if not (libc.mallopt(_M_MMAP_THRESHOLD, MAX_MMAP_THRESHOLD) and libc.mallopt(_M_TRIM_THRESHOLD, up_to)):
+    if not (libc.mallopt(_M_MMAP_THRESHOLD, MAX_MMAP_THRESHOLD) and libc.mallopt(_M_TRIM_THRESHOLD, up_to)
+            and libc.mallopt(_M_ARENA_MAX, 1)):
         log.warning("mallopt refused the data path's malloc policy: freed buffers go back to the kernel")

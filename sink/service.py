@@ -49,6 +49,8 @@ class Sink:
 
     def __init__(self, kafka: KafkaSettings, topics: TopicSettings, options: SinkOptions,
                  storage: Storage | None = None, payloads: Storage | None = None) -> None:
+        # What the budget holds is reused, never mapped afresh; before the clients below start their threads.
+        keep_freed_memory(options.max_buffer_bytes)
         self.kafka = kafka
         self.topic_settings = topics
         self.topics = topics.topics()
@@ -82,7 +84,6 @@ class Sink:
         Raises :class:`~hsx.sink.partition_count.PartitionCountChanged` before joining the group when the
         blocks topic's partition count is not the dataset's, :class:`ServiceFailed`
         when it had to stop early."""
-        keep_freed_memory(self.options.max_buffer_bytes)  # what the budget holds is reused, never mapped afresh
         # What is alive now (torch, pydantic, the clients) lives as long as the
         # process: out of the collector's way, whose full passes over it were a
         # tenth of the sink's CPU at hidden-state rates (perf, bench.datapath).
