@@ -48,7 +48,7 @@ from pathlib import Path
 
 from hsx.dataset.sample import FileRange, Sample
 from hsx.dataset.storage import Storage
-from hsx.dataset.storage.direct_file import ALIGN, open_uncached, read_aligned
+from hsx.dataset.storage.direct_file import ALIGN, aligned, open_uncached, read_aligned
 from hsx.runtime.errors import ServiceFailed
 from hsx.runtime.kafka.watermarks import TopicPartitionKey
 from hsx.schemas import ErrorClass, Manifest, staged_key
@@ -146,12 +146,12 @@ class PayloadReader:
         its records came (decoded, it needs bytes of its own: read it again)."""
         if nbytes > self._buffer_max:
             return None
-        aligned = -(-nbytes // ALIGN) * ALIGN
-        if len(self._buffer) < aligned:
-            self._buffer = mmap.mmap(-1, aligned)  # page-aligned, as a read around the page cache wants
+        padded = aligned(nbytes)
+        if len(self._buffer) < padded:
+            self._buffer = mmap.mmap(-1, padded)  # page-aligned, as a read around the page cache wants
         try:
             with open_uncached(path) as fd:
-                got = min(read_aligned(fd, memoryview(self._buffer)[:aligned], 0), nbytes)
+                got = min(read_aligned(fd, memoryview(self._buffer)[:padded], 0), nbytes)
         except FileNotFoundError:
             return _missing(staged, location)
         if got != nbytes:

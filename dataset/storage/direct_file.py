@@ -36,6 +36,12 @@ to it suit them all."""
 CHUNK = 8 << 20
 """Bytes per write, and the size of each writer's buffer."""
 
+
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of :data:`ALIGN`."""
+    return -(-nbytes // ALIGN) * ALIGN
+
+
 _free: list[mmap.mmap] = []
 _free_lock = threading.Lock()
 
@@ -128,11 +134,9 @@ class DirectFile:
         try:
             done = 0
             while done < length:
-                left = length - done
-                want = min(-(-left // ALIGN) * ALIGN, CHUNK)
+                want = min(aligned(length - done), CHUNK)
                 got = read_aligned(fd, memoryview(bounce)[:want], offset + done)
-                self.write(memoryview(bounce)[:min(got, left)])
-                done += min(got, left)
+                done += self.write(memoryview(bounce)[:min(got, length - done)])
                 if got < want:
                     break  # the file ended
             return done
@@ -143,7 +147,7 @@ class DirectFile:
         """Write the tail, padded to :data:`ALIGN`, and cut the file to its size."""
         size = self.size
         if self._used:
-            padded = -(-self._used // ALIGN) * ALIGN
+            padded = aligned(self._used)
             self._buffer[self._used:padded] = bytes(padded - self._used)
             self._used = padded
             self._flush()
