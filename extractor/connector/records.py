@@ -38,21 +38,22 @@ def raw_bytes(gathered: Gathered) -> int:
 
 
 def encode_rows(gathered: Gathered, start: int, end: int, token_start: int, config: ConnectorConfig) -> Record:
-    """Block record of rows ``[start, end)``, compressed with ``config``'s codec,
-    as pieces; waits for the device-to-host copy. Raises ``ValueError`` for fp8
-    rows whose scale is not finite."""
+    """Block record of rows ``[start, end)``, compressed with ``config``'s codec:
+    as pieces by reference (written one by one to the staged object), joined
+    inline (a Kafka record's value); waits for the device-to-host copy. Raises
+    ``ValueError`` for fp8 rows whose scale is not finite."""
     rows = gathered.wait()[start:end]
     shape: tuple[int, int, int] = tuple(rows.shape)  # type: ignore[assignment]
     dtype = WIRE_DTYPES[gathered.source_dtype]
     if gathered.scales is None:
         return encode_block_record(rows.view(torch.uint8).numpy(), shape=shape, dtype=dtype, token_start=token_start,
-                            codec=config.codec, level=config.codec_level)
+                                   codec=config.codec, level=config.codec_level, joined=config.payload_store is None)
     scales = gathered.scales[start:end]
     if not bool(torch.isfinite(scales).all()):  # a row's amax was inf or NaN
         raise ValueError("fp8 cannot hold non-finite hidden states (E4M3FN has no infinities); "
                          "extract this model with --wire-dtype model")
     return encode_fp8_record(rows.numpy(), scales.numpy(), shape=shape, dtype=dtype, token_start=token_start,
-                            codec=config.codec, level=config.codec_level)
+                             codec=config.codec, level=config.codec_level, joined=config.payload_store is None)
 
 
 def block_ref(index: int, record: Record) -> BlockRef:

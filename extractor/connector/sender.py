@@ -139,8 +139,7 @@ class BlockSender:
 
     def _encode(self, transfer: Transfer, index: int) -> Record:
         start, end = transfer.ranges[index]
-        record = encode_rows(transfer.gathered, start, end, transfer.job.first_row + start, self._config)
-        return record if self._stager is not None else record.joined()
+        return encode_rows(transfer.gathered, start, end, transfer.job.first_row + start, self._config)
 
     def _encoded(self, transfer: Transfer, index: int, future: Future[Record]) -> None:
         with transfer.lock:

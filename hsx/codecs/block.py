@@ -9,7 +9,8 @@ With ``byteplane-zstd`` the raw little-endian bytes are split into byte planes
 (every element's byte 0, then every element's byte 1, ...) and each plane is
 zstd-compressed on its own: the sign/exponent bytes of bfloat16 hidden states are
 highly repetitive and compress well once separated from the noisy mantissa bytes.
-A plane that would not shrink is stored raw. ``zstd`` (whole block) and ``none``
+A plane zstd would not shrink by 5 % (tried on its first 64 KiB) is stored
+raw (:func:`~hsx.codecs.segments.pack_segment`). ``zstd`` (whole block) and ``none``
 remain for comparison. The header carries a CRC-32 of the raw bytes, checked on
 every decode, and one of the payload as stored, which a sink that keeps the record
 as it came checks instead of decoding it (:func:`verify_stored`). Codec version 2
@@ -75,11 +76,13 @@ def encode_block_record(
     token_start: int,
     codec: Codec = Codec.BYTEPLANE_ZSTD,
     level: int = DEFAULT_LEVEL,
+    joined: bool = False,
 ) -> Record:
-    """:func:`encode_block`'s record as pieces, not joined: by reference, the
-    connector writes them to the staged object as they are (a join would copy
-    every byte once more)."""
-    return framed(MAGIC, *_encode(memoryview(raw).cast("B"), shape, dtype, token_start, codec, level))
+    """:func:`encode_block`'s record with its header: as pieces, not joined (by
+    reference, the connector writes them to the staged object as they are: a join
+    would copy every byte once more), or ``joined`` into one (a Kafka record's
+    value)."""
+    return framed(MAGIC, *_encode(memoryview(raw).cast("B"), shape, dtype, token_start, codec, level), joined=joined)
 
 
 def _encode(view: memoryview, shape: tuple[int, int, int], dtype: DType, token_start: int, codec: Codec,

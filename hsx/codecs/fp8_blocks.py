@@ -46,9 +46,11 @@ def encode_fp8_block(codes: Buffer, scales: Buffer, *, shape: tuple[int, int, in
 
 
 def encode_fp8_record(codes: Buffer, scales: Buffer, *, shape: tuple[int, int, int], dtype: DType,
-                      token_start: int, codec: Codec = Codec.BYTEPLANE_ZSTD, level: int = DEFAULT_LEVEL) -> Record:
-    """:func:`encode_fp8_block`'s record as pieces, not joined (:class:`~hsx.codecs.block.Record`)."""
-    return framed(MAGIC, *_encode(codes, scales, shape, dtype, token_start, codec, level))
+                      token_start: int, codec: Codec = Codec.BYTEPLANE_ZSTD, level: int = DEFAULT_LEVEL,
+                      joined: bool = False) -> Record:
+    """:func:`encode_fp8_block`'s record with its header, as pieces or ``joined``
+    (:func:`~hsx.codecs.block.encode_block_record`)."""
+    return framed(MAGIC, *_encode(codes, scales, shape, dtype, token_start, codec, level), joined=joined)
 
 
 def _encode(codes: Buffer, scales: Buffer, shape: tuple[int, int, int], dtype: DType, token_start: int,

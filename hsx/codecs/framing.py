@@ -32,6 +32,8 @@ class Record:
 
     header: BlockHeader
     pieces: list[Buffer]
+    """The framing, the header, then the payload's segments; or all of it joined
+    into one ``bytes`` (``framed(..., joined=True)``: what a Kafka record needs)."""
 
     @property
     def nbytes(self) -> int:
@@ -40,11 +42,6 @@ class Record:
     def value(self) -> bytes:
         """The record value: the pieces back to back."""
         return self.pieces[0] if len(self.pieces) == 1 and isinstance(self.pieces[0], bytes) else b"".join(self.pieces)
-
-    def joined(self) -> Record:
-        """The same record as one piece: what a Kafka record needs (joined where it is
-        encoded, on the pool, rather than where it is produced, under a lock)."""
-        return Record(self.header, [self.value()])
 
 
 def read_frame(value: Buffer, magic: bytes, model: type[H], what: str) -> tuple[H, memoryview]:
@@ -72,9 +69,13 @@ def frame(magic: bytes, header: BaseModel, parts: list[Buffer]) -> bytes:
     return b"".join(_framing(magic, header) + parts)
 
 
-def framed(magic: bytes, header: BlockHeader, parts: list[Buffer]) -> Record:
-    """:func:`frame`'s bytes as a :class:`Record` of pieces, the parts that are
-    views (raw segments: of the caller's rows, of a reused buffer) copied."""
+def framed(magic: bytes, header: BlockHeader, parts: list[Buffer], *, joined: bool = False) -> Record:
+    """:func:`frame`'s bytes as a :class:`Record`: of pieces, the parts that are
+    views (raw segments: of the caller's rows, of a reused buffer) copied; or
+    ``joined``, one piece, every part copied once (where the views were first
+    copied and then joined, raw planes were copied twice)."""
+    if joined:
+        return Record(header, [frame(magic, header, parts)])
     owned = [part if isinstance(part, bytes) else bytes(part) for part in parts]
     return Record(header, _framing(magic, header) + owned)
 

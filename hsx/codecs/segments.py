@@ -1,5 +1,5 @@
 """One payload segment of a record: a plane (or a part) zstd-compressed, or as
-it is where that would not shrink it; zstd's contexts kept per thread."""
+it is where that would not pay; zstd's contexts kept per thread."""
 
 from __future__ import annotations
 
@@ -48,13 +48,31 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return _local.decompressor
 
 
+PROBE_BYTES = 64 << 10
+"""How much of a plane zstd tries before it compresses the rest (planes of at
+most twice this are compressed whole)."""
+MIN_SAVING = 0.05
+"""The share of its probe zstd must save for a plane to be compressed.
+
+Why: bfloat16's low byte plane (mantissa bits) is noise. zstd, tuned as below,
+shrinks SmolLM2's to 0.9998 of its size for 0.21 CPU-seconds per GB of hidden
+states, a fifth of what the connector spends encoding; its probe costs 0.03.
+A plane that saves 5 % of half a bfloat16 block saves 2.5 % of it."""
+
+
 def pack_segment(plane: Buffer, level: int = DEFAULT_LEVEL) -> tuple[Segment, Buffer]:
     """One payload segment: ``plane`` zstd-compressed, or as it is where that
-    would not shrink it."""
-    packed = _compressor(level).compress(plane)
-    if len(packed) < memoryview(plane).nbytes:
+    does not pay: zstd saves less than :data:`MIN_SAVING` of the plane's first
+    :data:`PROBE_BYTES`, or nothing of the whole. Deterministic: the same plane
+    is always packed the same way."""
+    view = memoryview(plane).cast("B")
+    compressor = _compressor(level)
+    if view.nbytes > 2 * PROBE_BYTES and len(compressor.compress(view[:PROBE_BYTES])) > (1 - MIN_SAVING) * PROBE_BYTES:
+        return Segment(encoding="raw", nbytes=view.nbytes), plane
+    packed = compressor.compress(view)
+    if len(packed) < view.nbytes:
         return Segment(encoding="zstd", nbytes=len(packed)), packed
-    return Segment(encoding="raw", nbytes=memoryview(plane).nbytes), plane
+    return Segment(encoding="raw", nbytes=view.nbytes), plane
 
 
 def unpack_segment(chunk: memoryview, segment: Segment, size: int) -> bytes:

@@ -11,6 +11,7 @@ import torch
 
 from hsx.codecs.block import checksum, decode_block, encode_block, encode_block_record, read_header
 from hsx.codecs.framing import CorruptBlock
+from hsx.codecs.segments import PROBE_BYTES, pack_segment
 from hsx.runtime.tensors import TORCH_DTYPES
 from hsx.schemas import Codec, DType
 
@@ -57,6 +58,24 @@ def test_incompressible_planes_are_stored_raw() -> None:
     assert header.segments[3].encoding == "zstd"  # sign and high exponent bits repeat
 
 
+def test_a_plane_is_compressed_only_where_its_probe_pays() -> None:
+    """zstd tries a plane's first PROBE_BYTES before the rest: noise (bfloat16's
+    low bytes) is stored raw without compressing it whole, a plane whose bytes
+    repeat is compressed; the probe alone decides, so the same plane is always
+    packed the same way. A small plane is compressed whole where that shrinks it."""
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 256, 4 * PROBE_BYTES, dtype=np.uint8)
+    exponents = rng.integers(118, 126, 4 * PROBE_BYTES, dtype=np.uint8)  # 3 bits of 8: saves more than half
+    assert [pack_segment(plane)[0].encoding for plane in (noise, exponents)] == ["raw", "zstd"]
+    segment, part = pack_segment(noise)
+    assert segment.nbytes == noise.nbytes and bytes(part) == noise.tobytes()
+    noise_then_zeros = np.concatenate([noise[:PROBE_BYTES], np.zeros(3 * PROBE_BYTES, np.uint8)])
+    assert pack_segment(noise_then_zeros)[0].encoding == "raw"
+    small = noise[: 2 * PROBE_BYTES].copy()
+    small[PROBE_BYTES:] = 0
+    assert pack_segment(small)[0].encoding == "zstd"
+
+
 @pytest.mark.parametrize("dtype", [DType.BFLOAT16, DType.FLOAT32])
 @pytest.mark.parametrize("codec", list(Codec))
 def test_a_record_in_pieces_is_the_record_and_owns_its_bytes(dtype: DType, codec: Codec) -> None:
@@ -72,7 +91,9 @@ def test_a_record_in_pieces_is_the_record_and_owns_its_bytes(dtype: DType, codec
     assert b"".join(bytes(piece) for piece in record.pieces) == record.value() == expected
     assert record.nbytes == len(expected)
     assert record.header == read_header(expected)[0]
-    assert record.joined().pieces == [expected]
+    joined = encode_block_record(raw_bytes(first), shape=tuple(first.shape), dtype=dtype, token_start=3, codec=codec,
+                                 joined=True)
+    assert joined.pieces == [expected] and joined.header == record.header
 
 
 def _encoded(codec: Codec = Codec.BYTEPLANE_ZSTD) -> bytes:
