@@ -14,6 +14,11 @@ writing the shards, for each transport, rounds interleaved in one run.
   tokens, from a process of their own (the *connector side*): the gather's
   output handed to :class:`~hsx.extractor.connector.sender.BlockSender`
   whenever its in-flight budget has room, as vLLM's worker does.
+* **Warmed up** first (``--warm-up-gib``, default 0.5: about the connector's
+  in-flight budget): requests of their own go the whole way, and the round
+  starts once the sink has made their ready events. Every process is a new one
+  each round, and growing its heap to hold what is in flight is a one-off a
+  long-running service pays once; ``--warm-up-gib 0`` measures from cold.
 * **Timed** from the first request submitted to the sink's last ready event
   (read from the ready topic; polling the sink's ``/metrics`` would cost it
   CPU): hidden-state MB/s (raw bfloat16).
@@ -69,18 +74,18 @@ RETENTION_H = 1.0
 
 
 def load(spec: dict[str, Any]) -> dict[str, Any]:
-    """Send every request of ``spec["plan"]`` through a ``BlockSender``; returns
-    the connector side's figures."""
+    """Send the requests of ``spec["warm_up"]`` through a ``BlockSender``, say
+    so (a ``warm`` file), and once the round's parent says go (a ``go`` file)
+    every request of ``spec["plan"]``; returns the connector side's figures over
+    the latter."""
     import safetensors.torch
     import zmq
 
     from bench.object_store import Peak
     from hsx.extractor.completion import CompletionSender
-    from hsx.extractor.connector.gather import Gathered
-    from hsx.extractor.connector.metadata import SendJob
     from hsx.extractor.connector.sender import BlockSender
     from hsx.runtime.settings import KafkaSettings
-    from hsx.schemas.connector import CompletionReport, ConnectorConfig, RequestParams
+    from hsx.schemas.connector import ConnectorConfig
 
     rows = safetensors.torch.load_file(spec["states"])["rows"]
     tokens, layers, hidden = rows.shape
@@ -92,38 +97,55 @@ def load(spec: dict[str, Any]) -> dict[str, Any]:
                              max_request_bytes=LENGTHS[1] * layers * hidden * 4)
     sender = BlockSender(config, KafkaSettings(bootstrap=spec["bootstrap"]), spec["layer_ids"],
                          CompletionSender(address))
-    plan: list[tuple[int, int]] = spec["plan"]
     row_bytes = layers * hidden * rows.element_size()
     # As the connector does once its sender exists (HsxConnector.register_kv_caches, vLLM's freeze_gc_heap): the
     # collector's full passes skip torch's objects. Unfrozen, they were 40 % of this process's CPU.
     gc.collect()
     gc.freeze()
     me = psutil.Process()
+    work = Path(spec["work"])
     with Peak() as peak:
+        send_all(sender, socket, rows, spec["warm_up"], "wu", row_bytes)
+        (work / "warm").touch()
+        while not (work / "go").exists():
+            time.sleep(0.01)
         started = time.time()
         before = me.cpu_times()
-        submitted = done = compressed = 0
-        while done < len(plan):
-            while submitted < len(plan) and sender.has_room(plan[submitted][1] * row_bytes):
-                offset, length = plan[submitted]
-                params = RequestParams(request_id=f"dp-{submitted:06d}", attempt_id=uuid.uuid4().hex,
-                                       source={"topic": "bench", "partition": 0, "offset": submitted})  # type: ignore[arg-type]
-                job = SendJob(f"dp-{submitted:06d}-0", [], [(offset + k) % 49_152 for k in range(length)],
-                              params.model_dump(mode="json"))
-                sender.submit(job, Gathered(tensor=rows[offset:offset + length]))
-                submitted += 1
-            if socket.poll(10):
-                report = CompletionReport.model_validate_json(socket.recv())
-                if not report.ok:
-                    raise RuntimeError(f"{report.request_id} failed: {report.error}")
-                done += 1
-                compressed += report.compressed_bytes
-            sender.take_finished()
+        compressed = send_all(sender, socket, rows, spec["plan"], "dp", row_bytes)
         after = me.cpu_times()
     sender.close()
     socket.close(linger=0)
     return {"started": started, "cpu_s": after.user + after.system - before.user - before.system,
             "cpu_kernel_s": after.system - before.system, "rss_growth": peak.growth, "compressed_bytes": compressed}
+
+
+def send_all(sender: Any, socket: Any, rows: Any, plan: list[tuple[int, int]], prefix: str, row_bytes: int) -> int:
+    """Send every request of ``plan`` (ids ``prefix-NNNNNN``) whenever the
+    sender has room, until each one's completion report came; returns the
+    compressed bytes they reported."""
+    from hsx.extractor.connector.gather import Gathered
+    from hsx.extractor.connector.metadata import SendJob
+    from hsx.schemas.connector import CompletionReport, RequestParams
+
+    submitted = done = compressed = 0
+    while done < len(plan):
+        while submitted < len(plan) and sender.has_room(plan[submitted][1] * row_bytes):
+            offset, length = plan[submitted]
+            request_id = f"{prefix}-{submitted:06d}"
+            params = RequestParams(request_id=request_id, attempt_id=uuid.uuid4().hex,
+                                   source={"topic": "bench", "partition": 0, "offset": submitted})  # type: ignore[arg-type]
+            job = SendJob(f"{request_id}-0", [], [(offset + k) % 49_152 for k in range(length)],
+                          params.model_dump(mode="json"))
+            sender.submit(job, Gathered(tensor=rows[offset:offset + length]))
+            submitted += 1
+        if socket.poll(10):
+            report = CompletionReport.model_validate_json(socket.recv())
+            if not report.ok:
+                raise RuntimeError(f"{report.request_id} failed: {report.error}")
+            done += 1
+            compressed += report.compressed_bytes
+        sender.take_finished()
+    return compressed
 
 
 # -- the round's services ------------------------------------------------------------------------
@@ -168,16 +190,27 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return times.user, times.system
 
 
-def from_start(bootstrap: str, topic: str) -> tuple[Any, list[int]]:
+def from_start(bootstrap: str, topic: str, since: dict[int, int] | None = None) -> tuple[Any, list[int]]:
     """A consumer of a throw-away group assigned every partition of ``topic``
-    from its first offset, and the partitions."""
+    from its first offset (or its offset in ``since``), and the partitions."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
                          "enable.auto.commit": False})
     partitions = list(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    consumer.assign([TopicPartition(topic, p, (since or {}).get(p, 0)) for p in partitions])
     return consumer, partitions
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    """Each partition's next offset: where the records written from now on start."""
+    from confluent_kafka import TopicPartition
+
+    consumer, partitions = from_start(bootstrap, topic)
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+    finally:
+        consumer.close()
 
 
 class ReadyEvents:
@@ -200,15 +233,16 @@ class ReadyEvents:
         self._consumer.close()
 
 
-def topic_bytes(bootstrap: str, topic: str) -> tuple[int, int]:
-    """(records, bytes) on ``topic``: keys, values and headers, read back whole."""
+def topic_bytes(bootstrap: str, topic: str, since: dict[int, int]) -> tuple[int, int]:
+    """(records, bytes) on ``topic`` from the offsets in ``since``: keys, values
+    and headers, read back whole."""
     from confluent_kafka import TopicPartition
 
-    consumer, partitions = from_start(bootstrap, topic)
+    consumer, partitions = from_start(bootstrap, topic, since)
     try:
         ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
         records = size = 0
-        remaining = {p for p, end in ends.items() if end > 0}
+        remaining = {p for p, end in ends.items() if end > since.get(p, 0)}
         while remaining:
             msg = consumer.poll(10)
             if msg is None:
@@ -253,9 +287,11 @@ def staged_left(store: str | None) -> int:
 
 
 def run_round(transport: str, work: Path, broker: Any, s3: Any, env: dict[str, str], states: Path,
-              layer_ids: list[int], requests: list[tuple[int, int]], row_bytes: int) -> dict[str, float]:
+              layer_ids: list[int], warm_up: list[tuple[int, int]], requests: list[tuple[int, int]],
+              row_bytes: int) -> dict[str, float]:
     """One transport's round: a fresh topic set, dataset and staging place; the
-    figures of :func:`summarize`'s inputs."""
+    figures of :func:`summarize`'s inputs, over ``requests`` once ``warm_up``
+    went the whole way."""
     from hsx.local.commands import sink_command
     from hsx.local.spawn import HsxService
     from hsx.local.topics import fresh_topics
@@ -266,7 +302,8 @@ def run_round(transport: str, work: Path, broker: Any, s3: Any, env: dict[str, s
     topics = fresh_topics(KafkaSettings(bootstrap=broker.bootstrap), prefix="bench-datapath.")
     store = {"inline": None, "directory": str(here / "staging"), "s3": f"s3://{BUCKET}/{here.name}"}[transport]
     spec = {"bootstrap": broker.bootstrap, "topic": topics.blocks, "store": store, "states": str(states),
-            "layer_ids": layer_ids, "plan": requests, "work": str(here), "out": str(here / "load.json")}
+            "layer_ids": layer_ids, "warm_up": warm_up, "plan": requests, "work": str(here),
+            "out": str(here / "load.json")}
     (here / "spec.json").write_text(json.dumps(spec))
     extra = ["--dataset-codec", "byteplane-zstd", "--flush-when-idle", "1"]
     command = sink_command(broker.bootstrap, topics, here / "dataset", *extra,
@@ -279,15 +316,21 @@ def run_round(transport: str, work: Path, broker: Any, s3: Any, env: dict[str, s
                 raise RuntimeError(f"the sink never got its partitions:\n{sink.log_tail()}")
             time.sleep(0.05)
         pids["sink"] = sink.pid
-        cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
-        broker_rss = psutil.Process(broker.pid).memory_info().rss
         loader = subprocess.Popen([sys.executable, "-m", "bench.datapath", "--load", str(here / "spec.json")], env=env)
         deadline = time.monotonic() + 1800
         with ReadyEvents(broker.bootstrap, topics.ready) as ready_events:
-            while ready_events.count(0.05) < len(requests):
-                if loader.poll() not in (None, 0) or sink.exited() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{transport}: load exited {loader.poll()}, sink {sink.exited()}:\n"
-                                       f"{sink.log_tail()}")
+            def wait_for(count: int, loaded: Path | None = None) -> None:
+                while ready_events.count(0.05) < count or (loaded is not None and not loaded.exists()):
+                    if loader.poll() not in (None, 0) or sink.exited() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"{transport}: load exited {loader.poll()}, sink {sink.exited()}:\n"
+                                           f"{sink.log_tail()}")
+
+            wait_for(len(warm_up), here / "warm")
+            since = {topic: end_offsets(broker.bootstrap, topic) for topic in (topics.blocks, topics.ready)}
+            cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            broker_rss = psutil.Process(broker.pid).memory_info().rss
+            (here / "go").touch()
+            wait_for(len(warm_up) + len(requests))
         ended = time.time()
         cpu = {name: tuple(now - then for now, then in zip(cpu_seconds(pid), before))
                for (name, pid), before in zip(pids.items(), cpu.values())}
@@ -297,7 +340,7 @@ def run_round(transport: str, work: Path, broker: Any, s3: Any, env: dict[str, s
             raise RuntimeError(f"{transport}: load exited {loader.returncode}, sink {sink.exited()}")
     loaded = json.loads((here / "load.json").read_text())
     raw = sum(length for _, length in requests) * row_bytes
-    blocks, ready = topic_bytes(broker.bootstrap, topics.blocks), topic_bytes(broker.bootstrap, topics.ready)
+    blocks, ready = (topic_bytes(broker.bootstrap, topic, since[topic]) for topic in (topics.blocks, topics.ready))
     figures |= {
         "seconds": ended - loaded["started"], "raw_bytes": raw, "compressed_bytes": loaded["compressed_bytes"],
         "cpu_connector": loaded["cpu_s"], "cpu_connector_kernel": loaded["cpu_kernel_s"],
@@ -359,6 +402,9 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--load", type=Path, help="(internal) run the connector side of one round from this spec")
     p.add_argument("--gib", type=float, default=0.75, help="hidden states per round, GiB (default %(default)s)")
+    p.add_argument("--warm-up-gib", type=float, default=0.5,
+                   help="hidden states sent the whole way before each round is measured, GiB (default %(default)s; "
+                        "0: measured from cold)")
     p.add_argument("--transports", default=",".join(TRANSPORTS),
                    help="the transports to measure, comma-separated (default: all; one alone for a quick A/B)")
     args = p.parse_args()
@@ -377,6 +423,7 @@ def main() -> None:
         layer_ids, (available, layers, hidden) = prepare_states(states, args.quick)
         row_bytes = layers * hidden * 2  # bfloat16
         requests = plan(total, row_bytes, available, seed=0)
+        warming = plan(int((1 / 32 if args.quick else args.warm_up_gib) * 2**30), row_bytes, available, seed=1)
         tokens = sum(length for _, length in requests)
         measured: dict[str, list[dict[str, float]]] = {t: [] for t in transports}
         with services(work) as (broker, s3):
@@ -389,10 +436,11 @@ def main() -> None:
                 for transport in transports[r % n:] + transports[:r % n]:  # each goes first once in n
                     print(f"[datapath] round {r + 1}: {transport}", flush=True)
                     measured[transport].append(run_round(transport, work, broker, s3, env, states, layer_ids,
-                                                         requests, row_bytes))
+                                                         warming, requests, row_bytes))
     results: dict[str, Any] = {"datapath_quick": args.quick, "datapath_rounds": rounds,
                                "datapath_requests": len(requests), "datapath_tokens": tokens,
                                "datapath_row_bytes": row_bytes, "datapath_gb_per_round": round(tokens * row_bytes / 1e9, 3),
+                               "datapath_warm_up_gb": round(sum(n for _, n in warming) * row_bytes / 1e9, 3),
                                "datapath_h200_mb_s": H200_MB_S, "datapath_gpus_per_node": GPUS_PER_NODE}
     for transport, figures in measured.items():
         results |= summarize(transport, figures, tokens)

@@ -59,9 +59,13 @@ DATAPATH: tuple[Block, ...] = (When("datapath_inline_mb_s", (
     "`--dataset-codec byteplane-zstd` shards to local disk. Three transports, {datapath_rounds} rounds interleaved "
     "(each goes first once in three), each round with fresh topics, dataset and staging place: **inline** (block "
     "records on the embedded broker), **by reference on S3** (`--payload-store s3://…`, SeaweedFS on loopback) and "
-    "**by reference on a directory** (`--payload-store DIR`). Timed from the first request submitted to the sink's "
+    "**by reference on a directory** (`--payload-store DIR`). Every process is a new one each round, so each round "
+    "first sends {datapath_warm_up_gb} GB of requests of its own the whole way (about the connector's in-flight "
+    "budget: each process grows its heap to hold what is in flight, a one-off a long-running service pays once; "
+    "`--warm-up-gib 0` measures from cold). Timed from the first measured request submitted to the sink's "
     "last ready event; CPU is each process's user + system time over that window; Kafka bytes are every record on "
-    "the blocks and ready topics (key, value, headers), read back after the round. Medians over rounds.",
+    "the blocks and ready topics (key, value, headers) of the measured requests, read back after the round. "
+    "Medians over rounds.",
     Table(HEADER, _measured),
     "**At GPU rates.** One H200 prefilling Qwen3-8B at 27,000 tokens/s with 4 layers × 4,096 bfloat16 (32 KiB a "
     "token) makes {datapath_h200_mb_s} MB/s of hidden states; a node has {datapath_gpus_per_node} of them. Cores "
