@@ -5,8 +5,9 @@ writing the shards, for each transport, rounds interleaved in one run.
 
 * **Transports**: ``inline`` (block records on the embedded broker),
   ``s3`` (``--payload-store s3://...`` on the local SeaweedFS) and
-  ``directory`` (``--payload-store DIR``, a local directory); every other
-  setting alike: the connector's defaults (byteplane-zstd level 1, 1 MiB
+  ``directory`` (``--payload-store DIR``, a local directory), each round
+  with a new broker and S3 server (:func:`services`); every other setting
+  alike: the connector's defaults (byteplane-zstd level 1, 1 MiB
   blocks, 2 compression threads, 512 MiB in flight), the sink writing
   ``--dataset-codec byteplane-zstd`` shards to local disk.
 * **Load**: SmolLM2-135M's hidden states (HF transformers on the demo prompts,
@@ -269,13 +270,25 @@ def delete_topics(bootstrap: str, topics: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def services(work: Path):  # type: ignore[no-untyped-def]
-    """The embedded broker and the local SeaweedFS, both ours (their CPU is measured)."""
+def services(folder: Path):  # type: ignore[no-untyped-def]
+    """A new embedded broker and local SeaweedFS (its data in ``folder``) for one
+    round, both ours (their CPU is measured), with the bucket made and warmed;
+    yields them and the environment of the round's processes.
+
+    Why new each round: reused, each round cost them more than the one before
+    (two whole runs: the broker 2.7 CPU-s per GB of an inline round, then 12-13;
+    SeaweedFS 13 -> 14 -> 15.5, and the connector side staging to it 2.8 -> 4.6
+    -> 5.2), so the figures depended on the round's place in the run."""
     from hsx.local.broker import EmbeddedBroker
     from hsx.local.s3server import LocalS3
+    from hsx.local.spawn import cpu_engine_env
 
-    with EmbeddedBroker() as broker, LocalS3(work / "s3") as s3:
-        yield broker, s3
+    with EmbeddedBroker() as broker, LocalS3(folder) as s3:
+        os.environ.update(s3.environ())  # this process lists and warms the bucket
+        s3.create_bucket(BUCKET)
+        warm_up(f"s3://{BUCKET}/warm-up")
+        yield broker, s3, s3.child_environ(cpu_engine_env())
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def staged_left(store: str | None) -> int:
@@ -397,8 +410,6 @@ def summarize(transport: str, rounds: list[dict[str, float]], tokens: int) -> di
 
 
 def main() -> None:
-    from hsx.local.spawn import cpu_engine_env
-
     p = parser(__doc__)
     p.add_argument("--load", type=Path, help="(internal) run the connector side of one round from this spec")
     p.add_argument("--gib", type=float, default=0.75, help="hidden states per round, GiB (default %(default)s)")
@@ -426,15 +437,11 @@ def main() -> None:
         warming = plan(int((1 / 32 if args.quick else args.warm_up_gib) * 2**30), row_bytes, available, seed=1)
         tokens = sum(length for _, length in requests)
         measured: dict[str, list[dict[str, float]]] = {t: [] for t in transports}
-        with services(work) as (broker, s3):
-            env = s3.child_environ(cpu_engine_env())
-            os.environ.update(s3.environ())  # this process lists and warms the bucket
-            s3.create_bucket(BUCKET)
-            warm_up(f"s3://{BUCKET}/warm-up")
-            for r in range(rounds):
-                n = len(transports)
-                for transport in transports[r % n:] + transports[:r % n]:  # each goes first once in n
-                    print(f"[datapath] round {r + 1}: {transport}", flush=True)
+        for r in range(rounds):
+            n = len(transports)
+            for transport in transports[r % n:] + transports[:r % n]:  # each goes first once in n
+                print(f"[datapath] round {r + 1}: {transport}", flush=True)
+                with services(work / f"s3-{r}-{transport}") as (broker, s3, env):
                     measured[transport].append(run_round(transport, work, broker, s3, env, states, layer_ids,
                                                          warming, requests, row_bytes))
     results: dict[str, Any] = {"datapath_quick": args.quick, "datapath_rounds": rounds,
