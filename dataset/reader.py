@@ -31,7 +31,7 @@ from confluent_kafka import Consumer
 
 from hsx.dataset.encoding import read_hidden_states, read_loss_mask, read_token_ids
 from hsx.dataset.safetensors_io import RemoteShard, open_shard, prefetch
-from hsx.dataset.shards import MissingShard, read_indexes
+from hsx.dataset.index import MissingShard, read_indexes
 from hsx.dataset.storage import Storage, open_storage
 from hsx.runtime.kafka import ConsumerErrors, consumer_config
 from hsx.runtime.kafka.config import SEES_NEW_TOPICS

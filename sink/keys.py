@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hsx.dataset.shards import INDEX, KEYS, partition_stems, read_index, stem_offset, stored_token_ids
+from hsx.dataset.index import read_index, stored_token_ids
+from hsx.dataset.shards import INDEX, KEYS, partition_stems, stem_offset
 from hsx.dataset.storage import Storage
 from hsx.schemas.keys import KEY_RECORD, decode_keys, encode_keys, request_key, token_key
 

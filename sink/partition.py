@@ -17,8 +17,9 @@ from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.schemas.keys import token_key
 from hsx.sink.assembler import DEFAULT_MAX_SAMPLE_BYTES, Assembler, Staged
 from hsx.sink.keys import KeyIndex, load_keys
+from hsx.dataset.index import read_index
 from hsx.dataset.shards import (
-    INDEX, SHARDS, OpenShard, Spooling, partition_prefix, partition_stems, prefixed_stem, read_index, remove_orphans,
+    INDEX, SHARDS, OpenShard, Spooling, partition_prefix, partition_stems, prefixed_stem, remove_orphans,
     remove_stale_temp_files, shard_keys,
 )
 from hsx.dataset.storage import Storage

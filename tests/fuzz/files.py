@@ -39,7 +39,8 @@ from pydantic import ValidationError
 from hsx.dataset.encoding import CorruptSample, read_hidden_states
 from hsx.dataset.reader import MissingShard, open_dataset
 from hsx.dataset.safetensors_io import CorruptShard, RemoteShard, open_shard
-from hsx.dataset.shards import INDEX, KEYS, SHARDS, CorruptIndex, partition_prefix, read_index, shard_stem
+from hsx.dataset.index import CorruptIndex, read_index
+from hsx.dataset.shards import INDEX, KEYS, SHARDS, partition_prefix, shard_stem
 from hsx.dataset.storage import LocalStorage
 from hsx.producer.inputs import InputRows, InputSpec
 from hsx.producer.publisher import InvalidLine, Mapping, parse_line

@@ -16,7 +16,7 @@ import pytest
 
 from hsx import models
 from hsx.dataset.reader import open_dataset
-from hsx.dataset.shards import read_indexes
+from hsx.dataset.index import read_indexes
 from hsx.dataset.storage import LocalStorage
 from hsx.reference import HFReference, max_relative_error
 

@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from hsx.local.commands import extract_command, sink_command
 from tests.drain import drain
-from hsx.dataset.shards import read_indexes
+from hsx.dataset.index import read_indexes
 from hsx.dataset.storage import is_object_store, open_storage
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import DlqHeaders, HiddenStatesReady

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 from hsx.dataset.reader import open_dataset
-from hsx.dataset.shards import (
-    INDEX, KEYS, SHARDS, CorruptIndex, MissingShard, OpenShard, partition_prefix, shard_stem, write_shard,
-)
+from hsx.dataset.index import CorruptIndex, MissingShard
+from hsx.dataset.shards import INDEX, KEYS, SHARDS, OpenShard, partition_prefix, shard_stem, write_shard
 from hsx.dataset.storage import LocalStorage
 from hsx.local.datasets import tiny_sample, write_tiny_dataset
 from hsx.runtime.errors import HsxError
