@@ -294,7 +294,7 @@ def services(folder: Path):  # type: ignore[no-untyped-def]
 def staged_left(store: str | None) -> int:
     """Staged objects still in the store after a clean finish (expected: none)."""
     from hsx.dataset.storage import open_storage
-    from hsx.schemas.blocks import STAGED_SUFFIX
+    from hsx.schemas.manifest import STAGED_SUFFIX
 
     return 0 if store is None else len(open_storage(store).stale(STAGED_SUFFIX, older_than=0.0))
 

@@ -33,7 +33,7 @@ from hsx.dataset.shards import OpenShard, write_shard
 from hsx.dataset.storage import LocalStorage
 from hsx.extractor.connector.gather import gather_cpu
 from hsx.schemas import Codec, DType, Manifest, SourceRef
-from hsx.schemas.blocks import BlockRef
+from hsx.schemas.manifest import BlockRef
 
 LENGTHS = [256, 512, 1024, 2048, 4096]
 BLOCK_SIZE = 128  # tokens per paged-cache block on vLLM's CPU backend

@@ -10,7 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue, model_validator
 
-from hsx.schemas.blocks import AttemptId, Codec, SourceRef
+from hsx.schemas.blocks import AttemptId, Codec
+from hsx.schemas.manifest import SourceRef
 from hsx.schemas.common import Capture, NonNegativeInt, PositiveInt, RequestId, StrictModel
 from hsx.schemas.generation import GeneratedTurn, Generation
 

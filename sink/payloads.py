@@ -52,7 +52,7 @@ from hsx.dataset.storage.direct_file import ALIGN, aligned, open_uncached, read_
 from hsx.runtime.errors import ServiceFailed
 from hsx.runtime.kafka.watermarks import TopicPartitionKey
 from hsx.schemas import ErrorClass, Manifest, staged_key
-from hsx.schemas.blocks import STAGED_SUFFIX
+from hsx.schemas.manifest import STAGED_SUFFIX
 from hsx.sink.assembler import Assembler, RejectedRecords, Staged
 from hsx.sink.partition import PartitionState
 

@@ -32,7 +32,7 @@ from hsx.local.topics import fresh_topics
 from hsx.reference import max_relative_error
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import Manifest, staged_key
-from hsx.schemas.blocks import STAGED_SUFFIX
+from hsx.schemas.manifest import STAGED_SUFFIX
 from hsx.sink.payloads import StagedObjects
 from tests.drain import drain
 from tests.reliability.harness import (

@@ -48,7 +48,7 @@ from hsx.local.spawn import HsxService, cpu_engine_env
 from hsx.local.topics import fresh_topics
 from hsx.reference import max_relative_error
 from hsx.runtime.settings import KafkaSettings, TopicSettings
-from hsx.schemas.blocks import STAGED_SUFFIX
+from hsx.schemas.manifest import STAGED_SUFFIX
 from hsx.sink.payloads import StagedObjects
 from tests.reliability.harness import check_exactly_once, dead_letters, index_counts, record_figures, wait_until
 from tests.reliability.netfaults import FaultProxy, is_connector, wait

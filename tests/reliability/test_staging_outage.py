@@ -17,7 +17,7 @@ from hsx.local.s3service import S3Service
 from hsx.local.spawn import HsxService
 from hsx.local.topics import fresh_topics
 from hsx.runtime.settings import KafkaSettings
-from hsx.schemas.blocks import STAGED_SUFFIX
+from hsx.schemas.manifest import STAGED_SUFFIX
 from tests.reliability.harness import (
     as_records, check_exactly_once, committed, extract_args, publish, record_figures, sink_args, text_prompts,
     wait_until,
