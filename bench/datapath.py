@@ -260,15 +260,6 @@ def topic_bytes(bootstrap: str, topic: str, since: dict[int, int]) -> tuple[int,
         consumer.close()
 
 
-def delete_topics(bootstrap: str, topics: list[str]) -> None:
-    """Free the broker's memory (tansu keeps topics in memory) for the next round."""
-    from confluent_kafka.admin import AdminClient
-
-    for future in AdminClient({"bootstrap.servers": bootstrap}).delete_topics(topics).values():
-        with contextlib.suppress(Exception):  # a topic never created: nothing to free
-            future.result(30)
-
-
 @contextlib.contextmanager
 def services(folder: Path):  # type: ignore[no-untyped-def]
     """A new embedded broker and local SeaweedFS (its data in ``folder``) for one
@@ -300,10 +291,10 @@ def staged_left(store: str | None) -> int:
 
 
 def run_round(transport: str, work: Path, broker: Any, s3: Any, env: dict[str, str], states: Path,
-              layer_ids: list[int], warm_up: list[tuple[int, int]], requests: list[tuple[int, int]],
+              layer_ids: list[int], warming: list[tuple[int, int]], requests: list[tuple[int, int]],
               row_bytes: int) -> dict[str, float]:
     """One transport's round: a fresh topic set, dataset and staging place; the
-    figures of :func:`summarize`'s inputs, over ``requests`` once ``warm_up``
+    figures of :func:`summarize`'s inputs, over ``requests`` once ``warming``
     went the whole way."""
     from hsx.local.commands import sink_command
     from hsx.local.spawn import HsxService
@@ -315,7 +306,7 @@ def run_round(transport: str, work: Path, broker: Any, s3: Any, env: dict[str, s
     topics = fresh_topics(KafkaSettings(bootstrap=broker.bootstrap), prefix="bench-datapath.")
     store = {"inline": None, "directory": str(here / "staging"), "s3": f"s3://{BUCKET}/{here.name}"}[transport]
     spec = {"bootstrap": broker.bootstrap, "topic": topics.blocks, "store": store, "states": str(states),
-            "layer_ids": layer_ids, "warm_up": warm_up, "plan": requests, "work": str(here),
+            "layer_ids": layer_ids, "warm_up": warming, "plan": requests, "work": str(here),
             "out": str(here / "load.json")}
     (here / "spec.json").write_text(json.dumps(spec))
     extra = ["--dataset-codec", "byteplane-zstd", "--flush-when-idle", "1"]
@@ -338,12 +329,12 @@ def run_round(transport: str, work: Path, broker: Any, s3: Any, env: dict[str, s
                         raise RuntimeError(f"{transport}: load exited {loader.poll()}, sink {sink.exited()}:\n"
                                            f"{sink.log_tail()}")
 
-            wait_for(len(warm_up), here / "warm")
+            wait_for(len(warming), here / "warm")
             since = {topic: end_offsets(broker.bootstrap, topic) for topic in (topics.blocks, topics.ready)}
             cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
             broker_rss = psutil.Process(broker.pid).memory_info().rss
             (here / "go").touch()
-            wait_for(len(warm_up) + len(requests))
+            wait_for(len(warming) + len(requests))
         ended = time.time()
         cpu = {name: tuple(now - then for now, then in zip(cpu_seconds(pid), before))
                for (name, pid), before in zip(pids.items(), cpu.values())}
@@ -362,7 +353,6 @@ def run_round(transport: str, work: Path, broker: Any, s3: Any, env: dict[str, s
         "connector_rss_growth": loaded["rss_growth"], "kafka_records": blocks[0] + ready[0],
         "kafka_bytes": blocks[1] + ready[1], "staged_left": staged_left(store),
     }
-    delete_topics(broker.bootstrap, [topics.blocks, topics.ready, topics.blocks_dlq])
     shutil.rmtree(here, ignore_errors=True)
     return figures
 
