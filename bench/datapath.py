@@ -191,7 +191,7 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return times.user, times.system
 
 
-def from_start(bootstrap: str, topic: str, since: dict[int, int] | None = None) -> tuple[Any, list[int]]:
+def reader(bootstrap: str, topic: str, since: dict[int, int] | None = None) -> tuple[Any, list[int]]:
     """A consumer of a throw-away group assigned every partition of ``topic``
     from its first offset (or its offset in ``since``), and the partitions."""
     from confluent_kafka import Consumer, TopicPartition
@@ -207,7 +207,7 @@ def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     """Each partition's next offset: where the records written from now on start."""
     from confluent_kafka import TopicPartition
 
-    consumer, partitions = from_start(bootstrap, topic)
+    consumer, partitions = reader(bootstrap, topic)
     try:
         return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
     finally:
@@ -219,7 +219,7 @@ class ReadyEvents:
     without asking the sink (scraping its ``/metrics`` would cost it CPU)."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        self._consumer, _ = from_start(bootstrap, topic)
+        self._consumer, _ = reader(bootstrap, topic)
         self._seen = 0
 
     def count(self, timeout: float) -> int:
@@ -239,7 +239,7 @@ def topic_bytes(bootstrap: str, topic: str, since: dict[int, int]) -> tuple[int,
     and headers, read back whole."""
     from confluent_kafka import TopicPartition
 
-    consumer, partitions = from_start(bootstrap, topic, since)
+    consumer, partitions = reader(bootstrap, topic, since)
     try:
         ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
         records = size = 0
