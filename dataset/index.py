@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from hsx.dataset.encoding import read_token_ids
-from hsx.dataset.safetensors_io import open_shard
+from hsx.dataset.shard_reader import open_shard
 from hsx.dataset.shards import INDEX
 from hsx.dataset.storage import Storage
 from hsx.runtime.errors import HsxError

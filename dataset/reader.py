@@ -30,7 +30,7 @@ from typing import Any
 from confluent_kafka import Consumer
 
 from hsx.dataset.encoding import read_hidden_states, read_loss_mask, read_token_ids
-from hsx.dataset.safetensors_io import RemoteShard, open_shard, prefetch
+from hsx.dataset.shard_reader import RemoteShard, open_shard, prefetch
 from hsx.dataset.index import MissingShard, read_indexes
 from hsx.dataset.storage import Storage, open_storage
 from hsx.runtime.kafka import ConsumerErrors, consumer_config
@@ -46,7 +46,7 @@ READ_AHEAD_BYTES = 64 << 20
 
 class ShardHandles:
     """Open shards (local ones memory-mapped by ``safe_open``, remote ones a
-    :class:`~hsx.dataset.safetensors_io.RemoteShard` holding the header), the last ``max_open`` kept.
+    :class:`~hsx.dataset.shard_reader.RemoteShard` holding the header), the last ``max_open`` kept.
     Handles are never shared across processes: a pickled copy (a spawned
     DataLoader worker's) starts with none open, and so does a forked one at its
     first read, so each worker maps the files itself."""

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from hsx.dataset.encoding import check_raw, read_hidden_states, read_loss_mask, read_token_ids
-from hsx.dataset.safetensors_io import prefetch
+from hsx.dataset.shard_reader import prefetch
 from hsx.schemas import HiddenStatesReady
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.schemas.training import SERVED_AUX_LAYERS, LossMaskPolicy

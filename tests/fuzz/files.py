@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from hsx.dataset.encoding import CorruptSample, read_hidden_states
 from hsx.dataset.reader import MissingShard, open_dataset
-from hsx.dataset.safetensors_io import CorruptShard, RemoteShard, open_shard
+from hsx.dataset.shard_reader import CorruptShard, RemoteShard, open_shard
 from hsx.dataset.index import CorruptIndex, read_index
 from hsx.dataset.shards import INDEX, KEYS, SHARDS, partition_prefix, shard_stem
 from hsx.dataset.storage import LocalStorage

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from hsx.cli import main
 from hsx.dataset.reader import open_dataset
-from hsx.dataset.safetensors_io import RemoteShard
+from hsx.dataset.shard_reader import RemoteShard
 from hsx.dataset.storage import LocalStorage, Storage, StorageRefused, open_storage
 from hsx.dataset.storage import s3 as s3_storage
 from hsx.local.s3service import S3Service

@@ -16,7 +16,7 @@ from safetensors import safe_open
 from hsx.cli import main
 from hsx.codecs.fp8 import error_bound, scales_for
 from hsx.dataset.encoding import CorruptSample, encode
-from hsx.dataset.safetensors_io import CorruptShard, RemoteShard
+from hsx.dataset.shard_reader import CorruptShard, RemoteShard
 from hsx.dataset.reader import open_dataset
 from hsx.dataset.sample import Sample
 from hsx.dataset.shards import OpenShard, write_shard

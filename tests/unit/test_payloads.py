@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from hsx.dataset.encoding import read_hidden_states
-from hsx.dataset.safetensors_io import open_shard
+from hsx.dataset.shard_reader import open_shard
 from hsx.dataset.sample import FileRange, Sample
 from hsx.dataset.shards import OpenShard, write_shard
 from hsx.dataset.storage import LocalStorage

@@ -15,7 +15,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load
 
-from hsx.dataset.safetensors_io import CorruptShard, RemoteShard, open_shard, write_safetensors
+from hsx.dataset.safetensors_io import write_safetensors
+from hsx.dataset.shard_reader import CorruptShard, RemoteShard, open_shard
 from hsx.dataset.sample import FileRange, Pieces
 from hsx.dataset.storage import LocalStorage
 from hsx.runtime.errors import HsxError
