@@ -47,17 +47,19 @@ def check_headers(manifest: Manifest, blocks: dict[int, Buffer]) -> list[BlockHe
     return headers
 
 
-def decoded(manifest: Manifest, records: list[Buffer]) -> bytearray:
+def decoded(manifest: Manifest, records: list[Buffer], headers: list[BlockHeader]) -> bytearray:
     """The sample's raw bytes: each block decoded (its checksum verified) straight
     into its rows of one buffer. Allocated once every header agreed with the
-    manifest, so its size is what the blocks claim."""
+    manifest (``headers``: the records', as read, not parsed again), so its size
+    is what the blocks claim."""
     row = len(manifest.layer_ids) * manifest.hidden_size * manifest.dtype.itemsize
     raw = bytearray(manifest.captured_tokens * row)
     rows = memoryview(raw)
     first = manifest.first_captured
-    for ref, record in zip(manifest.blocks, records):
+    for ref, record, header in zip(manifest.blocks, records, headers):
         with corrupt_block(ref.index):
-            decode_block(record, out=rows[(ref.token_start - first) * row:(ref.token_end - first) * row])
+            decode_block(record, out=rows[(ref.token_start - first) * row:(ref.token_end - first) * row],
+                         header=header)
     return raw
 
 

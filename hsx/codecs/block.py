@@ -135,12 +135,14 @@ def segment_sizes(header: BlockHeader) -> list[int]:
     return [header.raw_nbytes]
 
 
-def decode_block(value: Buffer, out: memoryview | None = None) -> tuple[BlockHeader, Buffer]:
+def decode_block(value: Buffer, out: memoryview | None = None,
+                 header: BlockHeader | None = None) -> tuple[BlockHeader, Buffer]:
     """Decode a record to its header and raw bytes, verifying sizes and checksum.
     Raises :class:`CorruptBlock` on any mismatch. With ``out`` (writable, unquantized
     blocks only), the raw bytes are decoded into it, which they must fill, and ``out``
-    is returned: a sample's blocks decode into its one buffer, copied never."""
-    header, payload = read_header(value)
+    is returned: a sample's blocks decode into its one buffer, copied never. Given
+    ``header``, the one :func:`read_header` returned for ``value``, that is not done again."""
+    header, payload = _parsed(value, header)
     _check_payload(header, payload)
     if out is not None and header.quantization is not None:
         raise CorruptBlock(f"the block holds {header.quantization} rows, raw bytes were expected")
@@ -177,16 +179,21 @@ def verify_stored(value: Buffer, header: BlockHeader | None = None) -> BlockHead
     (:func:`decode_block`). A record without a payload checksum (written before
     it existed) is decoded into a reused per-thread buffer and checked against
     its raw checksum instead. Unquantized blocks only."""
-    if header is None:
-        header, payload = read_header(value)
-    else:
-        view = memoryview(value).cast("B")
-        payload = view[view.nbytes - sum(segment.nbytes for segment in header.segments):]
+    header, payload = _parsed(value, header)
     if header.payload_checksum is None:
         decode_block(value, out=memoryview(scratch("verify", header.raw_nbytes)))
     else:
         _check_payload(header, payload)
     return header
+
+
+def _parsed(value: Buffer, header: BlockHeader | None) -> tuple[BlockHeader, memoryview]:
+    """:func:`read_header` of ``value``; given ``header``, the one it returned for
+    ``value``, that header and the payload it frames (the record's last bytes)."""
+    if header is None:
+        return read_header(value)
+    view = memoryview(value).cast("B")
+    return header, view[view.nbytes - sum(segment.nbytes for segment in header.segments):]
 
 
 def _check_payload(header: BlockHeader, payload: memoryview) -> None:
