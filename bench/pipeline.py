@@ -67,6 +67,19 @@ def broker_cpu_seconds() -> float:
     return total
 
 
+def machine_seconds() -> dict[str, float]:
+    """This machine's CPU seconds so far (all cores) that no process of ours is
+    charged with: waiting on the disk, serving interrupts, taken by the hypervisor
+    (steal). A round's share of these says whether the disk or the host, rather
+    than a process, took its time."""
+    t = psutil.cpu_times()
+    return {"iowait": t.iowait, "irq": t.irq + t.softirq, "steal": t.steal}
+
+
+def machine_delta(before: dict[str, float]) -> dict[str, float]:
+    return {f"machine_{k}_s": round(v - before[k], 2) for k, v in machine_seconds().items()}
+
+
 def py_spy(service: HsxService, out: Path) -> subprocess.Popen[bytes]:
     """``py-spy record`` of a service and its children (vLLM's engine core and
     worker), collapsed stacks with thread names, until SIGINT."""
@@ -130,11 +143,13 @@ class Bench:
                       timeout: float = 1800) -> float:
         target = sum(e.counter(EXTRACTED) for e in extractors) + len(prompts)
         cpu = [sum(e.cpu_seconds() for e in extractors), broker_cpu_seconds()]
+        machine = machine_seconds()
         start = time.perf_counter()
         self.publish(prompts, tag)
         seconds = wait_until(extractors, EXTRACTED, target, timeout=timeout) - start
         used = [sum(e.cpu_seconds() for e in extractors), broker_cpu_seconds()]
-        self.last_extract = {f"cpu_{k}_s": round(b - a, 2) for k, a, b in zip(("extractor", "broker"), cpu, used)}
+        self.last_extract = {**{f"cpu_{k}_s": round(b - a, 2) for k, a, b in zip(("extractor", "broker"), cpu, used)},
+                             **machine_delta(machine)}
         return seconds
 
     def e2e_round(self, extractor: HsxService, prompts: list[list[int]], tag: str, sample=None,  # type: ignore[no-untyped-def]
@@ -147,6 +162,7 @@ class Bench:
         wait_until([sink], READY, self.published - self.sunk, timeout=600)  # caught up, untimed
         spies = [] if profile is None else [py_spy(s, profile / f"{tag}-{s.name}.txt") for s in (extractor, sink)]
         cpu = [s.cpu_seconds() for s in (extractor, sink)] + [broker_cpu_seconds()]
+        machine = machine_seconds()
         extracted_at: list[float] = []
 
         def watch() -> None:
@@ -160,7 +176,8 @@ class Bench:
         seconds = wait_until([sink], READY, self.published - self.sunk, sample=watch) - start
         used = [s.cpu_seconds() for s in (extractor, sink)] + [broker_cpu_seconds()]
         self.last_e2e = {"extracted_s": (extracted_at or [start + seconds])[0] - start,
-                         **{f"cpu_{k}_s": round(b - a, 2) for k, a, b in zip(("extractor", "sink", "broker"), cpu, used)}}
+                         **{f"cpu_{k}_s": round(b - a, 2) for k, a, b in zip(("extractor", "sink", "broker"), cpu, used)},
+                         **machine_delta(machine)}
         for spy in spies:
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=60)
@@ -291,6 +308,9 @@ def main_async(args: argparse.Namespace) -> dict[str, object]:
                 results[f"pipeline_e2e_cpu_{who}_s"] = [d[f"cpu_{who}_s"] for d in e2e_detail]
             for who in ("extractor", "broker"):
                 results[f"pipeline_extract_cpu_{who}_s"] = [d[f"cpu_{who}_s"] for d in x_detail]
+            for what in ("iowait", "irq", "steal"):
+                for kind, rounds_of in (("e2e", e2e_detail), ("extract", x_detail)):
+                    results[f"pipeline_{kind}_machine_{what}_s"] = [d[f"machine_{what}_s"] for d in rounds_of]
 
             if not args.skip_rss:
                 rss_run(bench, extractor, tokenizer, rss_prompts, results)
