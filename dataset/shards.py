@@ -143,7 +143,14 @@ class OpenShard:
 
     def due(self, now: float, max_age: float, when_idle: float | None) -> bool:
         """Old enough, or idle long enough (when ``when_idle`` is set), to close."""
-        return now - self.opened_at >= max_age or (when_idle is not None and now - self.last_added_at >= when_idle)
+        return self.due_in(now, max_age, when_idle) <= 0
+
+    def due_in(self, now: float, max_age: float, when_idle: float | None) -> float:
+        """Seconds from ``now`` until it is :meth:`due` (0 or less: it is)."""
+        at = self.opened_at + max_age
+        if when_idle is not None:
+            at = min(at, self.last_added_at + when_idle)
+        return at - now
 
     def discard(self) -> None:
         """Let go of its spool (written or dropped: see :meth:`ShardSpool.discard`)."""

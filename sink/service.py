@@ -43,6 +43,13 @@ from hsx.sink.stats import SinkStats
 
 log = logging.getLogger(__name__)
 
+POLL_S = 0.2
+"""The longest the loop waits for records before its housekeeping."""
+BUSY_POLL_S = 0.02
+"""The longest while a shard is being written or ready events await Kafka's
+acknowledgement: a shard that landed is announced, and its records are done,
+within this, not up to a whole :data:`POLL_S` later."""
+
 
 class Sink:
     """One sink process."""
@@ -131,13 +138,25 @@ class Sink:
     def _loop(self) -> None:
         while not self.member.stopping:
             self._dead_letters.producer.poll(0)
-            for message in self.member.poll(500, timeout=0.2):
+            for message in self.member.poll(500, timeout=self._poll_timeout()):
                 self._accept(message)
                 if self._over_budget():
                     break  # the rest waits in the client's queue; housekeeping pauses
             self._housekeeping()
             self.stats.buffered(self._buffered())
             self.member.tick()
+
+    def _poll_timeout(self) -> float:
+        """How long the next poll may wait for records: :data:`BUSY_POLL_S` while a
+        shard is being written or ready events are unacknowledged, else
+        :data:`POLL_S`, and never past the moment the first open shard is due."""
+        states = self._partitions.values()
+        if self._dead_letters.producer.pending or any(state.writing is not None for state in states):
+            return BUSY_POLL_S
+        now = time.monotonic()
+        due = [state.shard.due_in(now, self.options.max_shard_age, self.options.flush_when_idle)
+               for state in states if state.shard.samples]
+        return max(0.0, min([POLL_S, *due]))
 
     # -- partitions come and go (PartitionHandler) ---------------------------------------------
 
