@@ -105,9 +105,11 @@ def wait_until(services: list[HsxService], name: str, target: float, timeout: fl
 
 class Bench:
     def __init__(self, bootstrap: str, work: Path, model_dir: Path, tokenizer,  # type: ignore[no-untyped-def]
-                 by_reference: bool = False) -> None:
+                 by_reference: bool = False, files: Path | None = None) -> None:
+        """``files``: where the staging directory and the dataset go (default ``work``, beside the logs)."""
         self.kafka = KafkaSettings(bootstrap=bootstrap)
-        self.transport = ["--payload-store", str(work / "staging")] if by_reference else []
+        self.files = files or work
+        self.transport = ["--payload-store", str(self.files / "staging")] if by_reference else []
         self.topic_settings = fresh_topics(self.kafka, prefix="bench.")
         self.work = work
         self.model_dir = model_dir
@@ -132,7 +134,7 @@ class Bench:
     def sink(self, nice: int = 0) -> HsxService:
         """A running sink (``sink-1``, ``sink-2``, ...)."""
         self.sinks += 1
-        command = sink_command(self.kafka.bootstrap, self.topic_settings, self.work / "dataset", "--max-shard-age",
+        command = sink_command(self.kafka.bootstrap, self.topic_settings, self.files / "dataset", "--max-shard-age",
                                "0.5", "--max-shard-samples", "64", *self.transport, group="bench-sink")
         service = HsxService(f"sink-{self.sinks}", command, self.work, stats=True).start()
         if nice:
@@ -266,7 +268,8 @@ def main_async(args: argparse.Namespace) -> dict[str, object]:
     out_dir = Path(tempfile.mkdtemp(prefix="hsx-bench-"))
     print(f"[bench.pipeline] logs and dataset in {out_dir} (removed at the end unless --keep)", flush=True)
     with dev_bootstrap() as bootstrap:
-        bench = Bench(bootstrap, out_dir, model_dir, tokenizer, args.by_reference)
+        files = None if args.files_in is None else Path(tempfile.mkdtemp(prefix="hsx-bench-", dir=args.files_in))
+        bench = Bench(bootstrap, out_dir, model_dir, tokenizer, args.by_reference, files)
         extractor = bench.extractor("extractor")
         try:
             warmup = prompts[:8] if args.quick else prompts  # a whole untimed round: engine and caches warm
@@ -325,6 +328,7 @@ def main_async(args: argparse.Namespace) -> dict[str, object]:
                 print(f"[bench.pipeline] 1 vs 2 extractors failed: {exc}", flush=True)
     if not args.keep:
         shutil.rmtree(out_dir, ignore_errors=True)
+        shutil.rmtree(bench.files, ignore_errors=True)
     if args.by_reference:  # beside the inline figures, not over them
         results = {("e2e_ratio_by_reference" if k == "e2e_ratio" else k.replace("pipeline_", "pipeline_by_reference_", 1)):
                    v for k, v in results.items() if k.startswith(("pipeline_", "e2e_ratio")) and "niced" not in k}
@@ -341,6 +345,9 @@ def main() -> None:
                         help="also e2e rounds with the sink at this nice level (0: none)")
     parser.add_argument("--skip-rss", action="store_true", help="no 2,000-prompt run")
     parser.add_argument("--keep", action="store_true", help="keep the logs and the dataset")
+    parser.add_argument("--files-in", type=Path, metavar="DIR",
+                        help="the staging directory and the dataset in a new folder under DIR (e.g. /dev/shm: no disk "
+                             "under them), not beside the logs")
     parser.add_argument("--skip-two", action="store_true", help="no 1 vs 2 extractors")
     parser.add_argument("--by-reference", action="store_true",
                         help="extractor and sinks pass hidden states through a staging directory (--payload-store): "

@@ -511,6 +511,20 @@ Giving the sink a lower CPU priority (nice {sink_nice!s}, a third kind of round 
 two) gave {e2e_ratio_sink_niced}. Extraction alone also varied from round to round here
 ({pipeline_extract_tokens_per_s_rounds!s} tokens/s) as other work came and went: five rounds of each
 kind (three before) keep the medians steadier.""",
+    """**e2e vs extraction alone, by reference** (`python -m bench.pipeline_by_reference`: extractor and sink
+staging through a directory). Extraction alone took {pipeline_by_reference_extract_s!s} s a round; in the e2e rounds
+it was done after {pipeline_by_reference_e2e_extraction_done_s!s} s and the round after
+{pipeline_by_reference_e2e_s!s} s (tail {pipeline_by_reference_e2e_tail_s} s, median). The sink used
+{pipeline_by_reference_e2e_cpu_sink_s!s} CPU-s a round, the extractor {pipeline_by_reference_e2e_cpu_extractor_s!s}
+beside it against {pipeline_by_reference_extract_cpu_extractor_s!s} alone: the OpenMP effect above. Neither the disk
+nor the host took the difference: iowait {pipeline_by_reference_e2e_machine_iowait_s!s} s and steal
+{pipeline_by_reference_e2e_machine_steal_s!s} s per e2e round (`psutil.cpu_times`), and with the staging directory
+and the dataset on tmpfs (`--files-in /dev/shm`, two runs interleaved with two plain ones) the ratio was 0.857 /
+0.848 against 0.862 / 0.865 on the disk. The tail is the last shard's age, its write and its announcement; the
+sink's loop used to wait up to 200 ms for records before announcing a shard that had landed or closing one that
+had fallen due, and now polls every 20 ms while a write or a ready event is outstanding and no later than the
+next shard falls due: the tail went from 1.01 s (1.02 / 0.60 / 1.01 / 1.01 / 0.81) to 0.61 s (0.61 / 0.61 / 0.60 /
+0.41 / 0.81) in the runs before and after, the sink's CPU per round unchanged.""",
     """**LD_PRELOAD.** Every process of every side runs with the same `LD_PRELOAD` (`{ld_preload!s}`, the
 Intel OpenMP runtime in the venv; vLLM's CPU backend then sets `KMP_AFFINITY`/`KMP_BLOCKTIME`). Without it
 vLLM warns that speculative decoding on CPU "will cause significant performance loss", and it does: in two
