@@ -74,7 +74,7 @@ def encode(sample: Sample, codec: DatasetCodec) -> Sample:
         except ValueError as exc:
             log.warning("%s stored raw, not %s: %s", m.request_id, codec.value, exc)
             return kept
-    return replace(kept, hidden_states=payload, codec=codec, checksum=checksum(raw))
+    return replace(kept, hidden_states=payload, codec=codec, checksum=sample.checksum or checksum(raw))
 
 
 def _encode_fp8(sample: Sample, codec: DatasetCodec) -> Sample:

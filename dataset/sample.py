@@ -67,7 +67,8 @@ class Sample:
     codec: DatasetCodec = DatasetCodec.RAW
     """How ``hidden_states`` is encoded."""
     checksum: str | None = None
-    """Of the raw bytes, kept when ``hidden_states`` no longer holds them."""
+    """Of the raw bytes: known from the blocks' own when they were verified, and
+    kept when ``hidden_states`` no longer holds them; None: computed from them."""
     fp8: tuple[np.ndarray, np.ndarray] | None = None
     """A sample sent as fp8 (its manifest's ``quantization``): its verified
     ``(codes [T, L, H] uint8, scales [T, L] float32)`` as the extractor sent them;

@@ -230,7 +230,8 @@ class Assembler:
                 stored = back_to_back if back_to_back is not None else Pieces.of(records)
                 return Sample(manifest, stored, offsets, codec=DatasetCodec.BYTEPLANE_ZSTD,
                               checksum=verified(manifest, records, headers))
-            return Sample(manifest, decoded(manifest, records, headers), offsets, records)
+            raw, checksum = decoded(manifest, records, headers)
+            return Sample(manifest, raw, offsets, records, checksum=checksum)
         except InvalidInput as exc:
             return RejectedRecords(exc.error_class, exc.reason, offsets, manifest.request_id, manifest_value)
 

@@ -47,11 +47,12 @@ def check_headers(manifest: Manifest, blocks: dict[int, Buffer]) -> list[BlockHe
     return headers
 
 
-def decoded(manifest: Manifest, records: list[Buffer], headers: list[BlockHeader]) -> bytearray:
-    """The sample's raw bytes: each block decoded (its checksum verified) straight
-    into its rows of one buffer. Allocated once every header agreed with the
-    manifest (``headers``: the records', as read, not parsed again), so its size
-    is what the blocks claim."""
+def decoded(manifest: Manifest, records: list[Buffer], headers: list[BlockHeader]) -> tuple[bytearray, str]:
+    """The sample's raw bytes, each block decoded (its checksum verified) straight
+    into its rows of one buffer, and their checksum: the blocks' combined, which
+    the decode just proved (the shard needs it; no second pass over the bytes).
+    Allocated once every header agreed with the manifest (``headers``: the
+    records', as read, not parsed again), so its size is what the blocks claim."""
     row = len(manifest.layer_ids) * manifest.hidden_size * manifest.dtype.itemsize
     raw = bytearray(manifest.captured_tokens * row)
     rows = memoryview(raw)
@@ -60,7 +61,7 @@ def decoded(manifest: Manifest, records: list[Buffer], headers: list[BlockHeader
         with corrupt_block(ref.index):
             decode_block(record, out=rows[(ref.token_start - first) * row:(ref.token_end - first) * row],
                          header=header)
-    return raw
+    return raw, combined_checksum(headers)
 
 
 def verified(manifest: Manifest, records: list[Buffer], headers: list[BlockHeader]) -> str:
