@@ -8,7 +8,7 @@ writing the shards, for each transport, rounds interleaved in one run.
   ``directory`` (``--payload-store DIR``, a local directory), each round
   with a new broker and S3 server (:func:`services`); every other setting
   alike: the connector's defaults (byteplane-zstd level 1, 1 MiB
-  blocks, 2 compression threads, 512 MiB in flight), the sink writing
+  blocks inline and 8 MiB by reference, 2 compression threads, 512 MiB in flight), the sink writing
   ``--dataset-codec byteplane-zstd`` shards to local disk.
 * **Load**: SmolLM2-135M's hidden states (HF transformers on the demo prompts,
   the EAGLE-3 default layers, bfloat16), replayed as requests of 256-2,048

@@ -55,7 +55,7 @@ DATAPATH: tuple[Block, ...] = (When("datapath_inline_mb_s", (
     "bfloat16, {datapath_row_bytes} bytes a token) replayed as {datapath_requests} requests of 256–2,048 tokens "
     "({datapath_gb_per_round} GB a round) through the connector's real send path in a process of its own "
     "(`BlockSender`, fed whenever its in-flight budget has room, as vLLM's worker does; the connector's defaults: "
-    "byteplane-zstd level 1, 1 MiB blocks, 2 compression threads, 512 MiB in flight), into a real `hsx sink` writing "
+    "byteplane-zstd level 1, 1 MiB blocks inline and 8 MiB by reference, 2 compression threads, 512 MiB in flight), into a real `hsx sink` writing "
     "`--dataset-codec byteplane-zstd` shards to local disk. Three transports, {datapath_rounds} rounds interleaved "
     "(each goes first once in three), each round with a new broker and S3 server (reused, they cost more with every round) and fresh topics, dataset and staging place: **inline** (block "
     "records on the embedded broker), **by reference on S3** (`--payload-store s3://…`, SeaweedFS on loopback) and "

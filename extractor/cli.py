@@ -142,7 +142,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     service.add_argument("--codec-level", type=integer(high=zstandard.MAX_COMPRESSION_LEVEL),
                          default=_CONNECTOR["codec_level"], help="zstd level (default %(default)s)")
     service.add_argument("--block-bytes", type=bounded(ConnectorConfig, "block_bytes"), default=_CONNECTOR["block_bytes"],
-                         help="target raw bytes per block record (default %(default)s)")
+                         help="target raw bytes per block (default: 1 MiB inline, a Kafka record each; "
+                              "8 MiB with --payload-store)")
     service.add_argument("--compress-threads", type=bounded(ConnectorConfig, "compress_threads"),
                          default=_CONNECTOR["compress_threads"])
     service.add_argument("--max-inflight-bytes", type=bounded(ConnectorConfig, "max_inflight_bytes"),

@@ -97,7 +97,7 @@ class BlockSender:
         """Start sending one request's hidden states."""
         # Lax: the params crossed msgpack, where tuples become lists.
         params = RequestParams.model_validate(job.params, strict=False)
-        ranges = block_ranges(gathered, self._config.block_bytes)
+        ranges = block_ranges(gathered, self._config.target_block_bytes)
         transfer = Transfer(job, params, gathered, ranges, raw_bytes=raw_bytes(gathered))
         transfer.encoded = [None] * len(ranges)
         transfer.encoding = len(ranges)

@@ -12,6 +12,7 @@ from hsx.cli import build_parser
 from hsx.extractor.options import ExtractorOptions
 from hsx.runtime.kafka.config import MAX_MESSAGE_BYTES, consumer_config
 from hsx.runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings
+from hsx.schemas.connector import INLINE_BLOCK_BYTES
 from tests.k8s.manifests import OVERLAYS, Manifests, references
 
 MODEL_LOAD_SECONDS = 300
@@ -160,7 +161,8 @@ def test_topics_match_settings_and_record_sizes(settings_env: Manifests) -> None
         assert int(spec["config"]["min.insync.replicas"]) <= spec["replicas"], name
     prompts = manifests.topic(settings.prompts)["spec"]["config"]
     assert int(prompts["max.message.bytes"]) > PromptLimitSettings().limits().max_event_bytes
-    block_bytes = _parse(manifests, _container(manifests, "hsx-extractor")).block_bytes
+    # Inline, every block is a record (by reference only manifests are, but an overlay may send inline).
+    block_bytes = _parse(manifests, _container(manifests, "hsx-extractor")).block_bytes or INLINE_BLOCK_BYTES
     for name in (settings.blocks, settings.blocks_dlq):
         assert int(manifests.topic(name)["spec"]["config"]["max.message.bytes"]) >= 2 * block_bytes, name
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from hsx.extractor.connector.kafka_settings import read_kafka_settings, write_kafka_settings
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import format_validation_error
-from hsx.schemas.connector import ConnectorConfig, request_bytes_bound
+from hsx.schemas.connector import INLINE_BLOCK_BYTES, STAGED_BLOCK_BYTES, ConnectorConfig, request_bytes_bound
 
 SECRETS = ("sasl-s3cret", "key-s3cret", "oauth-s3cret")
 
@@ -34,6 +34,16 @@ def test_a_budget_below_one_request_is_refused_in_one_line() -> None:
     assert "\n" not in message
     assert f"max_inflight_bytes {64 << 20} cannot hold one request of max_model_len tokens ({largest} raw bytes)" \
         in message
+
+
+def test_blocks_are_sized_by_transport_unless_asked() -> None:
+    inline = _config(max_request_bytes=1 << 20)
+    staged = _config(max_request_bytes=1 << 20, payload_store="s3://bucket/staging")
+    assert (inline.block_bytes, inline.target_block_bytes) == (None, INLINE_BLOCK_BYTES)
+    assert staged.target_block_bytes == STAGED_BLOCK_BYTES > INLINE_BLOCK_BYTES
+    assert _config(max_request_bytes=1 << 20, payload_store="/staging", block_bytes=65536).target_block_bytes == 65536
+    with pytest.raises(ValidationError, match="greater than or equal to 4096"):
+        _config(max_request_bytes=1 << 20, block_bytes=100)
 
 
 def test_the_request_bound_is_required() -> None:
