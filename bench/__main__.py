@@ -21,6 +21,8 @@ created under ``__main__`` and must not outlive their section):
 * ``bench.datapath``: the data path at GPU rates without an engine: inline,
   by reference on S3, by reference on a directory; MB/s, CPU-seconds per GB of
   each process, Kafka bytes per hidden-state byte, RSS; extrapolated to an H200.
+* ``bench.encode_floor``: the least CPU per GB the connector side can spend
+  with its codec: one or two threads encoding and staging requests, nothing else.
 * ``bench.upload_signing``: CPU per GB of an S3 upload with the payload signed
   (SigV4's SHA-256, plain HTTP) and unsigned (what hsx sends over TLS).
 * ``bench.memory_policy``: CPU and page faults per GB of record-sized buffers
@@ -53,7 +55,7 @@ from hsx.extractor.cpu_defaults import cpu_list
 from hsx.local.spawn import cpu_engine_env
 
 SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale", "dataset_codecs", "object_store", "datapath",
-            "upload_signing", "memory_policy", "direct_write", "pipeline_by_reference"]
+            "encode_floor", "upload_signing", "memory_policy", "direct_write", "pipeline_by_reference"]
 OPTIONAL_SECTIONS = ["acceptance"]
 """Run only when named in ``--only``: hours of training on two cores."""
 ROOT = Path(__file__).resolve().parent.parent
