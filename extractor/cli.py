@@ -145,7 +145,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="target raw bytes per block (default: 1 MiB inline, a Kafka record each; "
                               "8 MiB with --payload-store)")
     service.add_argument("--compress-threads", type=bounded(ConnectorConfig, "compress_threads"),
-                         default=_CONNECTOR["compress_threads"])
+                         default=_CONNECTOR["compress_threads"],
+                         help="threads encoding block records inline; with --payload-store each of the "
+                              f"{_CONNECTOR['upload_threads']} staging threads encodes what it writes "
+                              "(default %(default)s)")
     service.add_argument("--max-inflight-bytes", type=bounded(ConnectorConfig, "max_inflight_bytes"),
                          default=_CONNECTOR["max_inflight_bytes"],
                          help="raw hidden-state bytes awaiting Kafka acks (default %(default)s)")

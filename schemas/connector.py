@@ -87,6 +87,8 @@ class ConnectorConfig(StrictModel):
     """Target raw size of one block; blocks hold whole tokens. Unset: by
     transport (:attr:`target_block_bytes`)."""
     compress_threads: Annotated[int, Field(ge=1, le=64)] = 2
+    """Threads encoding block records inline (by reference, each of the
+    ``upload_threads`` encodes the blocks it writes)."""
     max_inflight_bytes: Annotated[int, Field(ge=1 << 20)] = 512 << 20
     """Raw hidden-state bytes gathered but not yet acknowledged by Kafka; requests
     beyond it wait in vLLM's cache (their blocks stay pinned)."""
@@ -97,7 +99,8 @@ class ConnectorConfig(StrictModel):
     environment (the standard AWS chain), never from here: vLLM logs this
     configuration."""
     upload_threads: Annotated[int, Field(ge=1, le=64)] = 4
-    """Attempts staged at once, by reference."""
+    """Attempts staged at once, by reference: each thread encodes its attempt's
+    blocks in order and writes them."""
     max_request_bytes: PositiveInt
     """Raw bytes of the largest request the engine can finish
     (:func:`request_bytes_bound` of its ``max_model_len``). ``max_inflight_bytes``

@@ -1,21 +1,21 @@
 """Worker side of the connector, after the gather: compress a request's blocks
 (:mod:`hsx.extractor.connector.records`) on a thread pool, produce the block
 records in order and then the manifest, and declare the request finished only when
-Kafka acknowledged every record. By reference (``payload_store``), the blocks go
-in order into one staged object instead (streamed: a multipart upload on S3),
-and the manifest is produced once the object is durable.
+Kafka acknowledged every record. By reference (``payload_store``), one thread
+encodes the blocks in order and writes them into one staged object instead
+(streamed: a multipart upload on S3), and the manifest is produced once the
+object is durable.
 
 Threads:
 
 * vLLM's worker thread submits transfers and takes the finished ones;
-* the compression pool encodes blocks and produces those next in order (a block
-  encoded before ``submit`` attached its callback is produced from the worker
-  thread, which is fine: producing never waits);
+* inline, the compression pool encodes blocks and produces those next in order (a
+  block encoded before ``submit`` attached its callback is produced from the
+  worker thread, which is fine: producing never waits);
+* by reference, a thread of the :class:`~hsx.extractor.connector.staging.Stager`'s
+  pool encodes each block of a transfer and writes it, then produces the manifest;
 * one poller thread serves delivery reports, which complete transfers, and
-  retries stalled transfers;
-* by reference, the :class:`~hsx.extractor.connector.staging.Stager`'s pool
-  writes each transfer's staged object, taking its blocks in order as they are
-  encoded (its only waiting: on its own queue).
+  retries stalled transfers.
 
 Each transfer's state is guarded by its own lock, taken by all three; the
 sender's lock (budget, finished and stalled transfers) is only ever taken inside
@@ -35,7 +35,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+
+from typing_extensions import Buffer
 
 from hsx.codecs.framing import Record
 from hsx.extractor.completion import CompletionSender
@@ -99,15 +102,16 @@ class BlockSender:
         params = RequestParams.model_validate(job.params, strict=False)
         ranges = block_ranges(gathered, self._config.target_block_bytes)
         transfer = Transfer(job, params, gathered, ranges, raw_bytes=raw_bytes(gathered))
-        transfer.encoded = [None] * len(ranges)
-        transfer.encoding = len(ranges)
         with self._lock:
             self._inflight += 1
             self._inflight_bytes += transfer.raw_bytes
         if self._stager is not None:
             transfer.uploading = True
-            transfer.staging = self._stager.start(params.request_id, params.attempt_id, len(ranges),
-                                                  lambda error, t=transfer: self._staged(t, error))
+            self._stager.stage(params.request_id, params.attempt_id, self._staged_blocks(transfer),
+                               lambda error, t=transfer: self._staged(t, error))
+            return
+        transfer.encoded = [None] * len(ranges)
+        transfer.encoding = len(ranges)
         for index in range(len(ranges)):
             self._pool.submit(self._encode, transfer, index).add_done_callback(
                 lambda f, t=transfer, i=index: self._encoded(t, i, f)
@@ -135,11 +139,27 @@ class BlockSender:
             finished, self._finished = self._finished, set()
         return finished
 
-    # -- compression pool -------------------------------------------------------------
+    # -- compression pool (inline) and stager (by reference) ------------------------------
 
     def _encode(self, transfer: Transfer, index: int) -> Record:
         start, end = transfer.ranges[index]
         return encode_rows(transfer.gathered, start, end, transfer.job.first_row + start, self._config)
+
+    def _staged_blocks(self, transfer: Transfer) -> Iterator[list[Buffer]]:
+        """By reference: ``transfer``'s blocks, each encoded in order on the
+        stager's thread that writes it, with what the manifest will say of it."""
+        for index in range(len(transfer.ranges)):
+            try:
+                record = self._encode(transfer, index)
+            except Exception as exc:
+                with transfer.lock:
+                    transfer.error = f"encoding block {index} failed: {exc!r}"
+                raise
+            with transfer.lock:
+                transfer.refs.append(block_ref(index, record))
+                transfer.compressed_bytes += record.nbytes
+                transfer.next_to_produce += 1
+            yield record.pieces
 
     def _encoded(self, transfer: Transfer, index: int, future: Future[Record]) -> None:
         with transfer.lock:
@@ -166,28 +186,23 @@ class BlockSender:
                 self._produce_in_order(transfer)
             except Exception as exc:  # noqa: BLE001 - e.g. a manifest that fails its own checks
                 transfer.error = f"{type(exc).__name__}: {exc}"
-        if transfer.error is not None and transfer.staging is not None:
-            transfer.staging.put(None)  # the upload gives up (and aborts) rather than wait for blocks
-            transfer.staging = None
         self._maybe_complete(transfer)
 
     def _produce_in_order(self, transfer: Transfer) -> None:
         """Queue records until the next block is not encoded yet, the local queue
-        is full (the transfer stalls), or the manifest is queued."""
+        is full (the transfer stalls), or the manifest is queued. By reference
+        the blocks are staged (and counted) before this is called."""
         while transfer.next_to_produce < len(transfer.ranges):
             index = transfer.next_to_produce
             record = transfer.encoded[index]
             if record is None:
                 return
-            if transfer.staging is not None:
-                transfer.staging.put(record.pieces)
-            else:
-                headers = BlockRecordHeaders(kind=RecordKind.BLOCK, attempt_id=transfer.params.attempt_id,
-                                             block_index=index, codec=self._config.codec)
-                if not self._produce(transfer, record.value(), headers):
-                    return
+            headers = BlockRecordHeaders(kind=RecordKind.BLOCK, attempt_id=transfer.params.attempt_id,
+                                         block_index=index, codec=self._config.codec)
+            if not self._produce(transfer, record.value(), headers):
+                return
             transfer.refs.append(block_ref(index, record))
-            transfer.encoded[index] = None  # now the producer's queue's, or the upload's
+            transfer.encoded[index] = None  # now the producer's queue's
             transfer.compressed_bytes += record.nbytes
             transfer.next_to_produce += 1
         if transfer.uploading:

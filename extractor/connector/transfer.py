@@ -3,11 +3,8 @@
 
 from __future__ import annotations
 
-import queue
 import threading
 from dataclasses import dataclass, field
-
-from typing_extensions import Buffer
 
 from hsx.codecs.framing import Record
 from hsx.extractor.connector.gather import Gathered
@@ -26,9 +23,9 @@ class Transfer:
     ranges: list[tuple[int, int]]
     raw_bytes: int
     encoded: list[Record | None] = field(default_factory=list)
-    """Blocks encoded and not yet produced (inline: each one piece)."""
+    """Inline: blocks encoded and not yet produced (each one piece)."""
     encoding: int = 0
-    """Blocks still on the compression pool."""
+    """Inline: blocks still on the compression pool."""
     refs: list[BlockRef] = field(default_factory=list)
     """What the manifest will say of the blocks sent so far."""
     next_to_produce: int = 0
@@ -43,8 +40,6 @@ class Transfer:
     error: str | None = None
     refused: bool = False
     """Kafka refused one of its records: fatal for the extractor, not retried."""
-    staging: queue.SimpleQueue[list[Buffer] | None] | None = None
-    """By reference: the blocks' pieces, in order, for the upload (None: give up)."""
     uploading: bool = False
     """By reference: the staged object is being written."""
     lock: threading.Lock = field(default_factory=threading.Lock)

@@ -74,14 +74,18 @@ def test_sends_fp8_codes_and_scales_bit_exact(dtype: torch.dtype, kafka: KafkaSe
         assert reports[name].compressed_bytes < expected.numel() * 1.05 + 500 * len(sample.manifest.blocks)
 
 
-def test_rows_fp8_cannot_hold_are_reported(kafka: KafkaSettings, topic_settings: TopicSettings,
-                                           completions) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("by_reference", [False, True])
+def test_rows_fp8_cannot_hold_are_reported(by_reference: bool, kafka: KafkaSettings, topic_settings: TopicSettings,
+                                           completions, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Inline and by reference (where the staging thread encodes): a failure to
+    retry, and by reference no staged object is left."""
     address, socket = completions
     ensure_topics(kafka, topic_settings, [topic_settings.blocks])
     cache = torch.randn(20, LAYERS, BLOCK_SIZE, HIDDEN)
     job, _ = _job("inf", 5, cache)
     cache[job.block_ids[0], 1, 2, 7] = float("inf")
-    config = _config(address, topic_settings.blocks, wire_dtype="fp8")
+    staging = tmp_path / "staging"
+    config = _config(address, topic_settings.blocks, wire_dtype="fp8", payload_store=str(staging) if by_reference else None)
     sender = BlockSender(config, kafka, [1, 2, 4], CompletionSender(address))
     try:
         sender.submit(job, gather_cpu(cache, job.block_ids, 5, BLOCK_SIZE, fp8=True))
@@ -89,4 +93,7 @@ def test_rows_fp8_cannot_hold_are_reported(kafka: KafkaSettings, topic_settings:
         assert _wait_finished(sender, {job.engine_request_id}) == {job.engine_request_id}
     finally:
         sender.close(timeout=1)
-    assert not report.ok and "fp8 cannot hold non-finite hidden states" in (report.error or ""), report
+    assert not report.ok and not report.refused, report
+    assert "encoding block 0 failed" in (report.error or "") and "fp8 cannot hold non-finite hidden states" in \
+        (report.error or ""), report
+    assert not by_reference or [p for p in staging.rglob("*") if p.is_file()] == []
