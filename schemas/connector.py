@@ -59,13 +59,12 @@ holds with room."""
 STAGED_BLOCK_BYTES = 8 << 20
 """Raw bytes of a block by reference, where no record limit applies.
 
-Why larger: each block is a piece of work handed between threads (the
-compression pool, then the stager) and its own header, checksums and zstd
-frames; per byte, that overhead fell with the block's size.
-``bench.datapath``, connector side, CPU-seconds per GB, one round each: 1 MiB
+Why larger: each block is a round of Python work with its own header,
+checksums and zstd frames (and was, when this was chosen, a hand-off from the
+compression pool to the stager); per byte, that overhead fell with the block's
+size. ``bench.datapath``, connector side, CPU-seconds per GB, one round each: 1 MiB
 1.88 / 1.83 (directory), 2.59 / 2.40 (S3); 8 MiB 1.63 / 1.52, 2.38 / 2.24;
-4, 16 and 32 MiB within the noise of 8. Larger blocks also mean fewer
-entries in a manifest and fewer ranged reads for the sink."""
+4, 16 and 32 MiB within the noise of 8 (and fewer entries in a manifest)."""
 
 
 class ConnectorConfig(StrictModel):
