@@ -25,8 +25,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import get_args
 
@@ -34,7 +33,7 @@ import psutil
 from tqdm import tqdm
 
 from hsx.dataset.reader import Dataset
-from hsx.dataset.storage import dataset_name, is_object_store, open_payload_store, open_storage
+from hsx.dataset.storage import is_object_store, open_storage
 from hsx.extractor.cli import add_model_arguments, as_argv, check_layout, model_and_layers
 from hsx.ledger import Ledger, LedgerFeed
 from hsx.local.broker import EmbeddedBroker
@@ -42,23 +41,22 @@ from hsx.local.commands import STEADY_SESSION_TIMEOUT_MS, extract_command, sink_
 from hsx.local.spawn import HsxService
 from hsx.local.topics import fresh_topic_settings
 from hsx.producer.cli import add_input_arguments, input_from_args
-from hsx.producer.publisher import InvalidPolicy, Mapping, Publisher, PublishSummary
-from hsx.producer.sources import SourceLine
-from hsx.runtime.checks import bounded, model_dir, outside, writable_dir
+from hsx.producer.publisher import Publisher, PublishSummary
+from hsx.runtime.checks import bounded, outside
 from hsx.runtime.errors import ExitCode
 from hsx.runtime.kafka import RecordProducer, ensure_topics
 from hsx.runtime.kafka.admin import ONE_SHOT_CONNECT_TIMEOUT, add_connect_timeout
 from hsx.runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings
-from hsx.schemas import Codec, Topics
+from hsx.schemas import Topics
 from hsx.schemas.connector import WireDType
 from hsx.schemas.dataset_codec import DatasetCodec
+from hsx.run_plan import RunPlan
 from hsx.summary import RunReport, render
 
 LOST_AFTER_SECONDS = 120.0
 """Once the extractor has finished every prompt, how long the ready events and
 dead letters of the rest may take before they count as lost."""
 SINK_FLUSH_WHEN_IDLE = "2"
-STAGING = "staging"
 PLAIN_PROGRESS_SECONDS = 10.0
 """Off a terminal, how often the progress line is printed."""
 
@@ -85,85 +83,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            help="send hidden states through Kafka as block records instead of staging them")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(model_actions=add_model_arguments(parser))
-
-
-@dataclass
-class RunPlan:
-    """Everything a run needs, checked before anything starts."""
-
-    model: Path
-    output: str
-    """A directory or ``s3://bucket/prefix``."""
-    lines: Iterable[SourceLine]
-    mapping: Mapping = field(default_factory=Mapping)
-    on_invalid: InvalidPolicy = InvalidPolicy.SKIP
-    engine_argv: list[str] = field(default_factory=list)
-    """``hsx extract`` flags for the model and vLLM (``--model`` aside)."""
-    bootstrap: str | None = None
-    partitions: int = 2
-    progress: bool = True
-    connect_timeout: float | None = ONE_SHOT_CONNECT_TIMEOUT
-    """How long a cluster named by ``bootstrap`` may take to answer (``None``: for ever)."""
-    log_dir: Path | None = None
-    """Where the services' logs go (default: see :attr:`logs`)."""
-    dataset_codec: DatasetCodec = DatasetCodec.RAW
-    """The sink's ``--dataset-codec``."""
-    wire_dtype: WireDType = "model"
-    """The extractor's ``--wire-dtype``."""
-    payload_store: str | None = None
-    """Where hidden states are staged (the services' ``--payload-store``); by
-    default :attr:`staging`."""
-    inline: bool = False
-    """Hidden states through Kafka instead (no payload store)."""
-
-    def __post_init__(self) -> None:
-        model_dir("--model", self.model)
-        self.output = str(self.output)  # a Path is accepted too
-        if is_object_store(self.output):
-            open_storage(self.output)  # a wrong key or bucket refused now, not by the sink later
-        else:
-            writable_dir("--output", Path(self.output))
-        if self.payload_store is not None:
-            open_payload_store(self.payload_store)  # refused now, not by the services later
-
-    @property
-    def logs(self) -> Path:
-        """Where the services' logs go: ``log_dir``, else beside the dataset, or
-        locally for an object store."""
-        if self.log_dir is not None:
-            return self.log_dir
-        if is_object_store(self.output):
-            return Path("hsx-logs") / dataset_name(self.output)
-        return Path(self.output) / "logs"
-
-    @property
-    def staging(self) -> str | None:
-        """The payload store, ``None`` inline. By default a folder of the run's own,
-        beside the dataset (``OUTPUT/staging``; for an object store, in the logs'
-        folder): nothing but this run's sink reads it, so it is emptied at the end."""
-        if self.inline:
-            return None
-        if self.payload_store is not None:
-            return self.payload_store
-        return str((self.logs if is_object_store(self.output) else Path(self.output)) / STAGING)
-
-    @property
-    def owns_staging(self) -> bool:
-        """Whether :attr:`staging` is the run's own folder, removed before and after."""
-        return not self.inline and self.payload_store is None
-
-    @property
-    def wire_codec(self) -> Codec | None:
-        """The extractor's ``--codec`` where the run chooses it: ``none`` when it
-        stages in its own folder for a raw dataset, else the extractor's default.
-
-        Why: those staged bytes stay on this machine only until the sink stores
-        them, and for a raw dataset the sink decompresses them at once; with
-        them compressed, the path spent about 1 CPU-second per GB more
-        (``bench.datapath`` with ``--dataset-codec raw``, by reference on a
-        directory, one round each: connector side 1.28 -> 0.80, sink 1.49 ->
-        1.00 CPU-s per GB) for 1.4x the staged bytes."""
-        return Codec.NONE if self.owns_staging and self.dataset_codec is DatasetCodec.RAW else None
 
 
 def run(args: argparse.Namespace) -> int:
