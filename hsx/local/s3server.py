@@ -20,6 +20,7 @@ import secrets
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -121,6 +122,8 @@ class LocalS3(S3Service, ServerProcess):
         self._run_dir = Path(tempfile.mkdtemp(prefix="hsx-s3-"))
         self.data_dir = self._run_dir / "data" if data_dir is None else Path(data_dir)
         self.log_path = self._run_dir / "weed.log"
+        self._sockets: dict[Path, tuple[int, int, int]] = {}
+        """weed's gRPC unix sockets in /tmp as this server made them (:meth:`stop` removes those)."""
 
     @property
     def filer_url(self) -> str:
@@ -175,9 +178,22 @@ class LocalS3(S3Service, ServerProcess):
         try:
             self._wait_ready(timeout)
         except BaseException:
+            self._sockets = self._grpc_sockets()
             self.stop()
             raise
+        self._sockets = self._grpc_sockets()
         return self
+
+    def _grpc_sockets(self) -> dict[Path, tuple[int, int, int]]:
+        """weed's gRPC unix sockets for this server's ports (in /tmp, named by
+        port), each with what tells this file from a later one of the same name."""
+        found: dict[Path, tuple[int, int, int]] = {}
+        for port in (self.s3_port, self.master_port, self.volume_port, self.filer_port):
+            for sock in Path("/tmp").glob(f"seaweedfs-*-grpc-{port + _GRPC_OFFSET}.sock"):
+                with contextlib.suppress(OSError):
+                    made = sock.stat()
+                    found[sock] = (made.st_dev, made.st_ino, made.st_ctime_ns)
+        return found
 
     def _log_tail(self, lines: int = 15) -> str:
         try:
@@ -208,9 +224,26 @@ class LocalS3(S3Service, ServerProcess):
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"the S3 server at {self.endpoint} did not answer within {timeout:.0f}s ({last}); "
-                    f"log {self.log_path}:\n{self._log_tail()}"
+                    f"log {self.log_path}:\n{self._log_tail()}{self._s3_stacks()}"
                 )
             time.sleep(0.1)
+
+    def _s3_stacks(self, blocks: int = 4, lines: int = 40) -> str:
+        """Where the S3 server's start is stuck: SIGQUIT makes weed (Go) write
+        every goroutine's stack to its log and exit; those in the S3 API's code,
+        for the error (its log is removed with the server)."""
+        assert self._proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._proc.pid, signal.SIGQUIT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(5)
+        try:
+            dump = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        stuck = [block.splitlines()[:lines] for block in dump.split("\n\n")
+                 if block.startswith("goroutine ") and "weed/s3api" in block]
+        return "".join("\n" + "\n".join(block) for block in stuck[:blocks])
 
     def pause(self) -> None:
         """SIGSTOP the server: connections stay open, nothing is answered until
@@ -232,10 +265,14 @@ class LocalS3(S3Service, ServerProcess):
         """
         atexit.unregister(self.stop)
         super().stop(grace)
-        # weed leaves its gRPC unix sockets in /tmp, named by port.
-        for port in (self.s3_port, self.master_port, self.volume_port, self.filer_port):
-            for sock in Path("/tmp").glob(f"seaweedfs-*-grpc-{port + _GRPC_OFFSET}.sock"):
-                with contextlib.suppress(OSError):
+        # weed leaves its gRPC unix sockets in /tmp, named by port. Only the files this server made go: its
+        # ports may be free again before it exits, and another server on one of them makes a file of the same
+        # name, which deleting would cut that server's services off from each other (its S3 API would wait
+        # for ever on its filer, a start that never answers).
+        for sock, made in self._sockets.items():
+            with contextlib.suppress(OSError):
+                now = sock.stat()
+                if (now.st_dev, now.st_ino, now.st_ctime_ns) == made:
                     sock.unlink()
         # Keys, log, sockets, and the data when it is ours (else it is elsewhere and kept).
         shutil.rmtree(self._run_dir, ignore_errors=True)

@@ -182,6 +182,46 @@ def test_second_server_keeps_its_data_dir(s3_server: S3Service, tmp_path: Path) 
                 time.sleep(1)
 
 
+def test_stop_removes_only_the_grpc_sockets_the_server_made() -> None:
+    """weed leaves its gRPC unix sockets in /tmp, named by port; a server that took
+    one of a stopping server's ports makes a file of the same name, which is not
+    the stopping server's to remove."""
+    if external_s3() is not None:
+        pytest.skip("HSX_TEST_S3_ENDPOINT is set: the local server is not under test")
+    server = LocalS3().start()
+    try:
+        made = sorted(server._grpc_sockets())
+        assert len(made) >= 3, made  # master, volume, filer (and the S3 API's own)
+        assert server._proc is not None
+        server._proc.kill()  # gone without removing its files (at SIGTERM weed removes them by name)
+        server._proc.wait()
+        taken = made[0]
+        taken.unlink()
+        time.sleep(0.05)  # another ctime
+        taken.touch()  # what another server on that port makes
+    finally:
+        server.stop()
+    try:
+        assert taken.exists()
+        assert [p for p in made[1:] if p.exists()] == []
+    finally:
+        taken.unlink()
+
+
+def test_a_start_that_never_answers_says_where_the_s3_api_waits() -> None:
+    """The start's timeout error carries the S3 API's goroutine stacks (weed's
+    dump at SIGQUIT), since the log goes with the server."""
+    if external_s3() is not None:
+        pytest.skip("HSX_TEST_S3_ENDPOINT is set: the local server is not under test")
+    server = LocalS3().start()
+    try:
+        stacks = server._s3_stacks()
+        assert stacks.lstrip().startswith("goroutine ") and "weed/s3api" in stacks, stacks[:2000]
+        assert server._proc is not None and server._proc.poll() is not None  # the dump ends the process
+    finally:
+        server.stop()
+
+
 def test_external_service_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HSX_TEST_S3_ENDPOINT", "https://s3.example.test/")
     monkeypatch.delenv("HSX_TEST_S3_ACCESS_KEY_ID", raising=False)
