@@ -31,6 +31,8 @@ from bench.sink_scale import standalone
 from hsx.codecs.block import encode_block_record
 from hsx.dataset.storage import open_storage
 from hsx.dataset.storage.base import Storage
+from hsx.extractor.connector.gather import Gathered
+from hsx.extractor.connector.records import block_ranges
 from hsx.schemas.blocks import Codec, DType
 from hsx.schemas.connector import STAGED_BLOCK_BYTES
 
@@ -41,10 +43,9 @@ THREADS = (1, 2)
 
 def stage(store: Storage, key: str, request: torch.Tensor, codec: Codec) -> None:
     """Encode one request's blocks and write them, in order, into one object (then delete it)."""
-    per_block = max(1, STAGED_BLOCK_BYTES // (request.shape[1] * request.shape[2] * request.element_size()))
     with store.open_atomic(key, cache=False) as out:
-        for start in range(0, request.shape[0], per_block):
-            rows = request[start:start + per_block]
+        for start, end in block_ranges(Gathered(tensor=request), STAGED_BLOCK_BYTES):
+            rows = request[start:end]
             record = encode_block_record(rows.view(torch.uint8).numpy(), shape=tuple(rows.shape),  # type: ignore[arg-type]
                                          dtype=DType.BFLOAT16, token_start=start, codec=codec)
             for piece in record.pieces:

@@ -156,9 +156,7 @@ class BlockSender:
                     transfer.error = f"encoding block {index} failed: {exc!r}"
                 raise
             with transfer.lock:
-                transfer.refs.append(block_ref(index, record))
-                transfer.compressed_bytes += record.nbytes
-                transfer.next_to_produce += 1
+                transfer.block_sent(block_ref(index, record), record.nbytes)
             yield record.pieces
 
     def _encoded(self, transfer: Transfer, index: int, future: Future[Record]) -> None:
@@ -201,10 +199,8 @@ class BlockSender:
                                          block_index=index, codec=self._config.codec)
             if not self._produce(transfer, record.value(), headers):
                 return
-            transfer.refs.append(block_ref(index, record))
+            transfer.block_sent(block_ref(index, record), record.nbytes)
             transfer.encoded[index] = None  # now the producer's queue's
-            transfer.compressed_bytes += record.nbytes
-            transfer.next_to_produce += 1
         if transfer.uploading:
             return  # the manifest waits until the staged object is durable
         if not transfer.manifest_sent:

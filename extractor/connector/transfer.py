@@ -43,3 +43,10 @@ class Transfer:
     uploading: bool = False
     """By reference: the staged object is being written."""
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def block_sent(self, ref: BlockRef, nbytes: int) -> None:
+        """Count the next block as sent (queued inline, staged by reference), as
+        ``ref`` in the manifest. Called with :attr:`lock` held."""
+        self.refs.append(ref)
+        self.compressed_bytes += nbytes
+        self.next_to_produce += 1
