@@ -3,6 +3,7 @@ request id type, and the one formatter for validation errors."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Annotated, Literal
 
@@ -25,6 +26,23 @@ def _check_request_id(value: str) -> str:
 
 RequestId = Annotated[str, AfterValidator(_check_request_id)]
 """1-128 chars of ``[A-Za-z0-9._:-]``, never ``.``/``..``: safe as a file or tensor name."""
+
+_SAFE_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+_UNSAFE_CHARS_RE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_name(identifier: str) -> str:
+    """A file name for any id a client or a dataset chose (``HumanEval/0``, an
+    ``X-Request-Id`` with ``/``, ``..``, NUL or 10 KB): the id itself when it is
+    1-128 characters of ``[A-Za-z0-9._-]`` not starting with ``.``, else its safe
+    characters (at most 64) and a hash of the whole id, so two ids never share
+    a name and none leaves the directory it is joined to."""
+    if _SAFE_NAME_RE.fullmatch(identifier) and ".." not in identifier:
+        return identifier
+    digest = hashlib.blake2b(identifier.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
+    readable = _UNSAFE_CHARS_RE.sub("_", identifier).replace("..", "_").strip("._")[:64]
+    return f"{readable}-{digest}" if readable else digest
+
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
 PositiveInt = Annotated[int, Field(gt=0)]

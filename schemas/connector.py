@@ -6,7 +6,9 @@ the completion channel."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, JsonValue, model_validator
 
@@ -121,6 +123,78 @@ class ConnectorConfig(StrictModel):
                 f"max_inflight_bytes {self.max_inflight_bytes} cannot hold one request of max_model_len tokens "
                 f"({self.max_request_bytes} raw bytes): raise it to at least that, or lower max_model_len")
         return self
+
+
+FILES_KEYS = ("shared_storage_path", "allow_custom_save_path", "num_writer_threads", "max_pending_file_bytes")
+"""The keys of :class:`FilesConfig`, read from the top level of
+``kv_connector_extra_config``, where vLLM's own hidden-states connector reads
+the first three."""
+HIDDEN_STATES_PATH_KEY = "hidden_states_path"
+"""In a response's ``kv_transfer_params``: the file holding the request's hidden
+states (vLLM's stock contract). In a request's: the path a client asks for,
+honoured only under ``allow_custom_save_path``."""
+INCLUDE_OUTPUT_KEY = "include_output_tokens"
+"""In a request's ``kv_transfer_params``: capture the generated tokens too (all
+but the final one, which was never an input), as the stock connector does."""
+CAPTURE_ERROR_KEY = "hsx_error"
+"""In a response's ``kv_transfer_params``: why the request's hidden states were
+not captured (its ``hsx`` parameters were invalid)."""
+
+
+class FilesConfig(StrictModel):
+    """The file per request, as vLLM's ``ExampleHiddenStatesConnector`` writes it:
+    ``<shared_storage_path>/<request>.safetensors`` with ``hidden_states``
+    ``[T, L, H]`` and ``token_ids`` ``[T]``, guarded by ``<path>.lock``."""
+
+    shared_storage_path: str = Field(min_length=1)
+    allow_custom_save_path: bool = False
+    """Honour a request's own ``hidden_states_path``. Unlike the stock
+    connector's, such a path must still lie inside ``shared_storage_path``: a
+    client never chooses where outside it the server writes."""
+    num_writer_threads: Annotated[int, Field(ge=1, le=64)] = 4
+    max_pending_file_bytes: Annotated[int, Field(ge=1 << 20)] = 512 << 20
+    """Raw hidden-state bytes gathered but not yet written; finished requests
+    beyond it wait in vLLM's cache (their blocks stay pinned), as the Kafka
+    side's ``max_inflight_bytes`` does."""
+
+
+class ServedParams(StrictModel):
+    """What a client of vLLM's server may put under ``kv_transfer_params.hsx``."""
+
+    capture: bool | Capture = True
+    """``false``: no hidden states for this request; ``"last"``: only the final
+    input token's row (a reward or classifier head's input)."""
+
+
+@dataclass(frozen=True)
+class ExtraConfig:
+    """``kv_connector_extra_config`` read: the Kafka side, the file side, or both."""
+
+    kafka: ConnectorConfig | None
+    files: FilesConfig | None
+
+
+def read_extra_config(extra: Mapping[str, Any] | None) -> ExtraConfig:
+    """The connector's two sides from vLLM's ``kv_connector_extra_config``:
+    ``hsx`` holds :class:`ConnectorConfig` (hidden states to Kafka), the stock
+    connector's keys (:data:`FILES_KEYS`) a :class:`FilesConfig`. Raises
+    ``ValueError`` naming what is wrong: an unknown key, or neither side."""
+    extra = dict(extra or {})
+    unknown = sorted(set(extra) - {EXTRA_CONFIG_KEY, *FILES_KEYS})
+    if unknown:
+        raise ValueError(f"kv_connector_extra_config: unknown keys {unknown}; HsxConnector reads "
+                         f"{[EXTRA_CONFIG_KEY, *FILES_KEYS]}")
+    files = {key: extra[key] for key in FILES_KEYS if key in extra}
+    if files and "shared_storage_path" not in files:
+        raise ValueError(f"kv_connector_extra_config sets {sorted(files)} but not shared_storage_path")
+    if extra.get(EXTRA_CONFIG_KEY) is None and not files:
+        raise ValueError("kv_connector_extra_config needs shared_storage_path (a file per request) or "
+                         f"{EXTRA_CONFIG_KEY!r} (hsx's Kafka settings), or both")
+    kafka = extra.get(EXTRA_CONFIG_KEY)
+    return ExtraConfig(
+        kafka=None if kafka is None else ConnectorConfig.model_validate(kafka, strict=False),
+        files=FilesConfig.model_validate(files, strict=False) if files else None,
+    )
 
 
 class CompletionReport(StrictModel):

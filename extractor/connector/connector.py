@@ -1,5 +1,7 @@
-"""``HsxConnector``: vLLM KV connector that streams the hidden states stored by
-``extract_hidden_states``'s dummy draft model into Kafka.
+"""``HsxConnector``: vLLM KV connector that hands on the hidden states stored by
+``extract_hidden_states``'s dummy draft model: into Kafka (hsx's pipeline), as
+one safetensors file per request (vLLM's stock hidden-states connector's file
+contract, :mod:`hsx.extractor.connector.files`), or both.
 
 vLLM creates one instance per role, in different processes:
 
@@ -15,11 +17,19 @@ vLLM creates one instance per role, in different processes:
   :class:`BlockSender`, and reports requests whose records Kafka acknowledged, so
   vLLM frees their blocks only then.
 
+For files, the scheduler side also picks each request's file when it is first
+scheduled (:mod:`hsx.extractor.connector.file_requests`), the worker side takes
+its lock in that step's ``wait_for_save``, and ``request_finished`` names the file
+in the response's ``kv_transfer_params``; a request's blocks go back to vLLM once
+each of its outputs (Kafka, file) has its rows.
+
 Loaded by vLLM through ``kv_transfer_config={"kv_connector": "HsxConnector",
 "kv_connector_module_path": "hsx.extractor.connector", "kv_role": "kv_producer",
-"kv_connector_extra_config": {"hsx": ConnectorConfig(...)}}``. The Kafka settings
-come from the file the config names (:mod:`hsx.extractor.connector.kafka_settings`),
-never from the environment the engine processes inherit.
+"kv_connector_extra_config": {...}}`` with ``"hsx": ConnectorConfig(...)`` for
+Kafka, the stock connector's ``"shared_storage_path": DIR`` for files
+(:func:`hsx.schemas.connector.read_extra_config`). The Kafka settings come from
+the file the config names (:mod:`hsx.extractor.connector.kafka_settings`), never
+from the environment the engine processes inherit.
 """
 
 from __future__ import annotations
@@ -41,9 +51,18 @@ from vllm.utils.gc_utils import freeze_gc_heap
 from hsx.extractor.completion import CompletionSender
 from hsx.extractor.connector.gather import CudaGatherer, Gathered, gather_cpu
 from hsx.extractor.connector.kafka_settings import read_kafka_settings
+from hsx.extractor.connector.file_requests import FileChoice, choose_file
+from hsx.extractor.connector.files import FileWriter
 from hsx.extractor.connector.metadata import GeneratedTail, HsxConnectorMetadata, SendJob
 from hsx.extractor.connector.sender import BlockSender
-from hsx.schemas.connector import DISCARD_KEY, EXTRA_CONFIG_KEY, PARAMS_KEY, ConnectorConfig
+from hsx.schemas.connector import (
+    CAPTURE_ERROR_KEY,
+    DISCARD_KEY,
+    HIDDEN_STATES_PATH_KEY,
+    INCLUDE_OUTPUT_KEY,
+    PARAMS_KEY,
+    read_extra_config,
+)
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -75,8 +94,9 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        extra = self._kv_transfer_config.kv_connector_extra_config or {}
-        self._config = ConnectorConfig.model_validate(extra.get(EXTRA_CONFIG_KEY), strict=False)
+        extra = read_extra_config(self._kv_transfer_config.kv_connector_extra_config)
+        self._config = extra.kafka
+        self._files_config = extra.files
         self._group = _hidden_state_group(kv_cache_config)
         self._block_size = (
             kv_cache_config.kv_cache_groups[self._group].kv_cache_spec.block_size
@@ -92,13 +112,20 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
             raise ValueError(f"duplicate hidden-state layer ids {requested}")
 
         # Scheduler side: jobs created by request_finished, shipped by the next
-        # build_connector_meta.
+        # build_connector_meta; files chosen when a request is first scheduled.
         self._outbox: list[SendJob] = []
+        self._files: dict[str, FileChoice] = {}
+        self._refused: dict[str, str] = {}
+        """Requests whose file was refused, with the reason their response carries."""
+        self._drops: list[str] = []
         # Worker side, created in register_kv_caches.
         self._cache: torch.Tensor | None = None
         self._cuda: CudaGatherer | None = None
         self._sender: BlockSender | None = None
+        self._writer: FileWriter | None = None
         self._waiting: deque[SendJob] = deque()
+        self._outputs_left: dict[str, int] = {}
+        """Per request being sent: how many of its outputs (Kafka, file) still need its blocks."""
 
     # ==== scheduler side ===============================================================
 
@@ -109,26 +136,50 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         pass
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        meta = HsxConnectorMetadata(sends=self._outbox)
-        self._outbox = []
+        meta = HsxConnectorMetadata(sends=self._outbox, drops=self._drops)
+        self._outbox, self._drops = [], []
+        if self._files_config is not None:
+            for new in scheduler_output.scheduled_new_reqs:
+                extra_args = new.sampling_params.extra_args if new.sampling_params else None
+                choice = choose_file(self._files_config, new.req_id, (extra_args or {}).get("kv_transfer_params") or {},
+                                     extractor_params=self._config is not None)
+                if choice.path is not None:
+                    self._files[new.req_id] = choice
+                    meta.holds.append(choice.path)
+                elif choice.error is not None:
+                    self._refused[new.req_id] = choice.error
         return meta
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """1. Take the request's file, if it has one, and its Kafka parameters,
+        if any; 2. nothing to send (aborted, an earlier turn, opted out): its
+        file's lock is dropped and its blocks go back at once; 3. otherwise a
+        :class:`SendJob` for the next step keeps its blocks until every output
+        has its rows. The response names the file (or says why there is none)."""
         from vllm.v1.request import RequestStatus
 
+        file = self._files.pop(request.request_id, None)
+        refused = self._refused.pop(request.request_id, None)
+        response = {CAPTURE_ERROR_KEY: refused} if refused is not None else None
         transfer = request.kv_transfer_params or {}
-        if transfer.get(DISCARD_KEY):
-            return False, None  # an earlier turn: its blocks go back (to the prefix cache) at once
-        params = transfer.get(PARAMS_KEY)
-        if params is None:
+        params = transfer.get(PARAMS_KEY) if self._config is not None else None
+        if self._config is not None and params is None and not transfer.get(DISCARD_KEY):
             log.warning("request %s carries no hsx parameters; its hidden states are not sent", request.request_id)
-            return False, None
-        if request.status == RequestStatus.FINISHED_ABORTED or not block_ids:
-            # Aborted (or never scheduled): nothing complete to send; the
-            # extractor sees no completion and treats the attempt as not done.
-            return False, None
-        self._outbox.append(_send_job(request, block_ids, params))
-        return True, None
+        aborted = request.status == RequestStatus.FINISHED_ABORTED or not block_ids
+        if transfer.get(DISCARD_KEY) or aborted:
+            # An earlier turn (its blocks go back to the prefix cache at once) or
+            # aborted / never scheduled: nothing complete to send; the extractor
+            # sees no completion and treats the attempt as not done.
+            params = None
+        if file is not None and params is None and (transfer.get(DISCARD_KEY) or aborted):
+            self._drops.append(file.path)  # type: ignore[arg-type]
+            file = None
+        if params is None and file is None:
+            return False, response
+        self._outbox.append(_send_job(request, block_ids, params, file, bool(transfer.get(INCLUDE_OUTPUT_KEY))))
+        if file is not None:
+            response = {**(response or {}), HIDDEN_STATES_PATH_KEY: file.path}
+        return True, response
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
@@ -152,8 +203,11 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         self._cache = cache
         self._cuda = CudaGatherer(cache) if cache.is_cuda else None
         if self._is_sending_rank():
-            self._sender = BlockSender(self._config, read_kafka_settings(self._config.kafka_settings_file),
-                                       self._layer_ids, CompletionSender(self._config.completion_address))
+            if self._config is not None:
+                self._sender = BlockSender(self._config, read_kafka_settings(self._config.kafka_settings_file),
+                                           self._layer_ids, CompletionSender(self._config.completion_address))
+            if self._files_config is not None:
+                self._writer = FileWriter(self._files_config)
             # The model and its caches exist now: out of the collector's way. EngineCore freezes its heap too,
             # but a rank in a process of its own (tensor parallel) is never frozen by vLLM, and the sender's
             # per-block objects would make the collector's full passes walk the whole model (half of the
@@ -179,34 +233,83 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         pass  # the dummy draft model already wrote the cache; we read it when a request ends
 
     def wait_for_save(self) -> None:
-        pass
+        """Take the locks of this step's new requests' files: the step ends, and
+        with it any response naming them, only after they are held."""
+        if self._writer is not None and self.has_connector_metadata():
+            meta = self._get_connector_metadata()
+            assert isinstance(meta, HsxConnectorMetadata)
+            for path in meta.holds:
+                try:
+                    self._writer.hold(path)
+                except OSError as exc:  # a full or unwritable disk: that file is missing, the engine goes on
+                    log.error("cannot create the lock of %s: %s", path, exc)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        if self._sender is None:
+        if self._sender is None and self._writer is None:
             return None, None
         if self.has_connector_metadata():
             meta = self._get_connector_metadata()
             assert isinstance(meta, HsxConnectorMetadata)
             self._waiting.extend(meta.sends)
-        self._start_waiting()
-        finished = self._sender.take_finished()
+            for path in meta.drops:
+                if self._writer is not None:
+                    self._writer.drop(path)
+        finished: set[str] = set()
+        self._start_waiting(finished)
+        for request_id in (*(self._sender.take_finished() if self._sender else ()),
+                           *(self._writer.take_copied() if self._writer else ())):
+            self._output_done(request_id, finished)
         return finished or None, None
 
-    def _start_waiting(self) -> None:
-        """Gather and submit queued jobs while the in-flight budget allows."""
-        assert self._cache is not None and self._sender is not None
+    def _output_done(self, request_id: str, finished: set[str]) -> None:
+        """One output of ``request_id`` no longer needs its blocks; with the last
+        one, vLLM may free them."""
+        self._outputs_left[request_id] -= 1
+        if not self._outputs_left[request_id]:
+            del self._outputs_left[request_id]
+            finished.add(request_id)
+
+    def _start_waiting(self, finished: set[str]) -> None:
+        """Gather and submit queued jobs while every budget they need allows: for
+        each of its outputs (Kafka, file) a job is gathered once."""
+        assert self._cache is not None
         _, layers, _, hidden = self._cache.shape
         row_bytes = layers * hidden * self._cache.element_size()
-        while self._waiting and self._sender.has_room(self._waiting[0].rows * row_bytes):
+        while self._waiting and self._has_room(self._waiting[0], self._waiting[0].rows * row_bytes):
             job = self._waiting.popleft()
-            try:
-                self._sender.submit(job, self._gather(job))
-            except Exception as exc:  # noqa: BLE001 - one bad request must not kill the engine
-                self._sender.fail(job, f"{type(exc).__name__}: {exc}")
+            to_kafka = job.params is not None and self._sender is not None
+            to_file = job.file_path is not None and self._writer is not None
+            self._outputs_left[job.engine_request_id] = to_kafka + to_file
+            if to_kafka:
+                assert self._sender is not None and self._config is not None
+                try:
+                    self._sender.submit(job, self._gather(job, fp8=self._config.wire_dtype == "fp8"))
+                except Exception as exc:  # noqa: BLE001 - one bad request must not kill the engine
+                    self._sender.fail(job, f"{type(exc).__name__}: {exc}")
+            if to_file and not self._write_file(job):
+                self._output_done(job.engine_request_id, finished)
 
-    def _gather(self, job: SendJob) -> Gathered:
+    def _write_file(self, job: SendJob) -> bool:
+        """Hand the job's rows to the file writer; ``False`` when they could not
+        be gathered (the file is then missing, counted and logged)."""
+        assert self._writer is not None and job.file_path is not None
+        try:
+            gathered = self._gather(job, fp8=False)
+        except Exception as exc:  # noqa: BLE001 - one bad request must not kill the engine
+            log.error("hidden states of %s not gathered for %s: %s: %s", job.engine_request_id, job.file_path,
+                      type(exc).__name__, exc)
+            self._writer.fail(job.file_path)
+            return False
+        self._writer.write(job.engine_request_id, job.file_path, gathered, job.token_ids[job.first_row:])
+        return True
+
+    def _has_room(self, job: SendJob, nbytes: int) -> bool:
+        return ((job.params is None or self._sender is None or self._sender.has_room(nbytes))
+                and (job.file_path is None or self._writer is None or self._writer.has_room(nbytes)))
+
+    def _gather(self, job: SendJob, *, fp8: bool) -> Gathered:
+        """The job's rows on the host (fp8: quantized on the device, before the copy)."""
         assert self._cache is not None
-        fp8 = self._config.wire_dtype == "fp8"  # quantized on the device, before the copy to the host
         if self._cuda is not None:
             return self._cuda.gather(self._cache, job.block_ids, len(job.token_ids), self._block_size, job.first_row,
                                      fp8=fp8)
@@ -218,25 +321,30 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
     def shutdown(self) -> None:
         if self._sender is not None:
             self._sender.close()
+        if self._writer is not None:
+            self._writer.close()
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
         return "LBNHC"  # as vLLM's own hidden-states connector
 
 
-def _send_job(request: Request, block_ids: list[int], params: dict[str, Any]) -> SendJob:
+def _send_job(request: Request, block_ids: list[int], params: dict[str, Any] | None, file: FileChoice | None,
+              include_output: bool) -> SendJob:
     """What the worker side sends for a finished request. A plain prefill sends the
-    prompt's tokens; a generation sends every token that was an input of a forward
-    pass (prompt + answer, but not the final token, which never was one) and
-    records the answer."""
+    prompt's tokens; a generation (or ``include_output_tokens``) sends every token
+    that was an input of a forward pass (prompt + answer, but not the final token,
+    which never was one) and records the answer."""
     from vllm.v1.request import FinishReason
 
-    if params.get("generation") is None:
+    if (params is None or params.get("generation") is None) and not include_output:
         tokens, answer = list(request.prompt_token_ids or []), None
     else:
         every = list(request.all_token_ids)
         tokens = every[:-1]
         answer = GeneratedTail(prompt_tokens=request.num_prompt_tokens, final_token_id=every[-1],
                                finish_reason="stop" if request.get_finished_reason() == FinishReason.STOP else "length")
-    first_row = len(tokens) - 1 if params.get("capture") == "last" else 0
-    return SendJob(request.request_id, list(block_ids), tokens, params, answer, first_row)
+    capture = params.get("capture") if params is not None else file.capture if file is not None else "all"
+    first_row = len(tokens) - 1 if capture == "last" else 0
+    return SendJob(request.request_id, list(block_ids), tokens, params, answer, first_row,
+                   file.path if file is not None else None)

@@ -21,13 +21,16 @@ class SendJob:
     block_ids: list[int]
     """The request's blocks in the hidden-state cache group, in token order."""
     token_ids: list[int]
-    params: dict[str, Any]
-    """``hsx.schemas.connector.RequestParams`` as a dict (validated on the worker)."""
+    params: dict[str, Any] | None
+    """``hsx.schemas.connector.RequestParams`` as a dict (validated on the worker):
+    the sample to send to Kafka, or ``None`` when only a file is written."""
     answer: GeneratedTail | None = None
     """Set when the request generated (``token_ids`` then end before its final token)."""
     first_row: int = 0
     """The first token position whose hidden states are sent (``capture: last``:
     only the final input token's); the gather copies only those rows."""
+    file_path: str | None = None
+    """Where the request's file goes (:mod:`hsx.extractor.connector.files`), if anywhere."""
 
     @property
     def rows(self) -> int:
@@ -48,6 +51,10 @@ class GeneratedTail:
 @dataclass
 class HsxConnectorMetadata(KVConnectorMetadata):
     sends: list[SendJob] = field(default_factory=list)
+    holds: list[str] = field(default_factory=list)
+    """Files of requests scheduled for the first time: their locks are taken in this step."""
+    drops: list[str] = field(default_factory=list)
+    """Files of requests that finished without any to write (aborted)."""
 
 
 def answer_fields(job: SendJob, params: RequestParams) -> dict[str, Any]:

@@ -62,6 +62,12 @@ class HsxService:
     env: dict[str, str] = field(default_factory=cpu_engine_env)
     health: bool = True
     stats: bool = False
+    module: str = "hsx.cli"
+    """What ``python -m`` runs: hsx's CLI, or e.g. vLLM's own OpenAI server
+    (``vllm.entrypoints.openai.api_server``, with ``port_flag="--port"`` and
+    ``ready_path="/health"``)."""
+    port_flag: str = "--health-port"
+    ready_path: str = "/readyz"
     incarnations: int = field(default=0, init=False)
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     port: int = field(default=0, init=False)
@@ -71,12 +77,12 @@ class HsxService:
         extra: list[str] = []
         if self.health:
             self.port = free_port()
-            extra += ["--health-port", str(self.port)]
+            extra += [self.port_flag, str(self.port)]
         if self.stats:
             self.stats_path.unlink(missing_ok=True)  # an earlier run's figures must not pass for this one's
             extra += ["--stats-file", str(self.stats_path)]
         with self.log_path().open("wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "hsx.cli", *self.args, *extra], stdout=log,
+            self.proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args, *extra], stdout=log,
                                          stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         return self
 
@@ -106,7 +112,7 @@ class HsxService:
 
     def ready(self) -> bool:
         try:
-            return get(self.port, "/readyz")[0] == 200
+            return get(self.port, self.ready_path)[0] == 200
         except OSError:
             return False
 
