@@ -211,6 +211,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[EngineOptions, Connecto
     largest = request_bytes_bound(args.max_model_len, len(layers), config.hidden_size)
     connector = from_args(
         ConnectorConfig, args,
+        requests="extractor",
         completion_address="ipc://set-by-the-extractor",
         kafka_settings_file="set-by-the-extractor",
         blocks_topic=TopicSettings(**overrides(blocks=args.blocks_topic)).blocks,

@@ -25,14 +25,21 @@ log = logging.getLogger(__name__)
 
 
 class CompletionSender:
-    """Connector side. Thread-safe: reports come from delivery-callback threads."""
+    """Connector side. Thread-safe: reports come from delivery-callback threads.
 
-    def __init__(self, address: str) -> None:
+    Without an address (vLLM's server with no ``hsx serve`` around it) no one
+    listens: a failed attempt is logged, as the one trace of a lost capture."""
+
+    def __init__(self, address: str | None) -> None:
         self._address = address
         self._lock = threading.Lock()
         self._socket: zmq.Socket | None = None
 
     def send(self, report: CompletionReport) -> None:
+        if self._address is None:
+            if not report.ok:
+                log.error("capture of %s lost: %s", report.request_id, report.error)
+            return
         with self._lock:
             if self._socket is None:
                 self._socket = zmq.Context.instance().socket(zmq.PUSH)

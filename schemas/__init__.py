@@ -3,7 +3,7 @@ codec. Nothing outside this package defines a field that crosses a process
 boundary."""
 
 from hsx.schemas.blocks import BlockHeader, BlockRecordHeaders, Codec, DType, RecordKind, Segment
-from hsx.schemas.manifest import BlockRef, Manifest, PayloadRef, SourceRef, staged_key
+from hsx.schemas.manifest import BlockRef, Manifest, PayloadRef, ServedRef, SourceRef, staged_key
 from hsx.schemas.common import SCHEMA_VERSION, RequestId, StrictModel, format_validation_error
 from hsx.schemas.dlq import DlqHeaders, ErrorClass
 from hsx.schemas.generation import FinishReason, GeneratedTurn, Generation, GenerationRecord
@@ -37,6 +37,7 @@ __all__ = [
     "RequestId",
     "Segment",
     "ShardIndex",
+    "ServedRef",
     "SourceRef",
     "StrictModel",
     "TensorNames",

@@ -10,10 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, JsonValue, model_validator
+from pydantic import Field, JsonValue, field_validator, model_validator
 
 from hsx.schemas.blocks import AttemptId, Codec
-from hsx.schemas.manifest import SourceRef
+from hsx.schemas.limits import DEFAULT_LIMITS, check_json_bounds
+from hsx.schemas.manifest import ServedRef, SourceRef
+from hsx.schemas.topics import BLOCKS
 from hsx.schemas.common import Capture, NonNegativeInt, PositiveInt, RequestId, StrictModel
 from hsx.schemas.generation import GeneratedTurn, Generation
 
@@ -35,7 +37,7 @@ class RequestParams(StrictModel):
 
     request_id: RequestId
     attempt_id: AttemptId
-    source: SourceRef
+    source: SourceRef | ServedRef
     loss_mask_spans: list[tuple[NonNegativeInt, PositiveInt]] | None = None
     metadata: dict[str, JsonValue] | None = None
     generation: Generation | None = None
@@ -69,18 +71,34 @@ size. ``bench.datapath``, connector side, CPU-seconds per GB, one round each: 1 
 4, 16 and 32 MiB within the noise of 8 (and fewer entries in a manifest)."""
 
 
-class ConnectorConfig(StrictModel):
-    """Connector settings chosen by the extractor."""
+RequestSource = Literal["served", "extractor"]
 
-    completion_address: str
-    """ZeroMQ address the extractor binds (``ipc://...``) and the connector pushes to."""
-    kafka_settings_file: str
+
+class ConnectorConfig(StrictModel):
+    """The connector's Kafka side: chosen by the extractor, or by whoever runs
+    vLLM's server (``hsx serve``, or ``kv_connector_extra_config.hsx`` by hand,
+    where every field but ``requests`` may stay unset)."""
+
+    requests: RequestSource = "served"
+    """Who names the samples. ``served``: clients of vLLM's server; the connector
+    gives each finished request a sample id of its own and reads the client's
+    ``kv_transfer_params.hsx`` as :class:`ServedParams`. ``extractor``: every
+    request carries the extractor's :class:`RequestParams`."""
+    completion_address: str | None = None
+    """ZeroMQ address the extractor (or ``hsx serve``) binds (``ipc://...``) and
+    the connector pushes a :class:`CompletionReport` per attempt to; unset, the
+    connector logs the attempts that fail."""
+    kafka_settings_file: str | None = None
     """Path of a file (mode 0600, in the extractor's private temp directory) holding
     the extractor's Kafka settings as JSON, secrets included. Only the path is
-    here because vLLM logs this configuration (``kv_connector_extra_config``)."""
-    blocks_topic: str
-    model: str
-    """Model name recorded in every manifest."""
+    here because vLLM logs this configuration (``kv_connector_extra_config``).
+    Unset: the engine process's ``HSX_KAFKA_*`` environment, as every hsx
+    service reads it, with ``bootstrap`` over it."""
+    bootstrap: str | None = None
+    """Kafka's bootstrap servers where no ``kafka_settings_file`` is given."""
+    blocks_topic: str = BLOCKS
+    model: str | None = None
+    """Model name recorded in every manifest; unset: the name vLLM serves it under."""
     codec: Codec = Codec.BYTEPLANE_ZSTD
     codec_level: int = 1
     wire_dtype: WireDType = "model"
@@ -102,11 +120,11 @@ class ConnectorConfig(StrictModel):
     upload_threads: Annotated[int, Field(ge=1, le=64)] = 4
     """Attempts staged at once, by reference: each thread encodes its attempt's
     blocks in order and writes them."""
-    max_request_bytes: PositiveInt
+    max_request_bytes: PositiveInt | None = None
     """Raw bytes of the largest request the engine can finish
-    (:func:`request_bytes_bound` of its ``max_model_len``). ``max_inflight_bytes``
-    must hold it: the budget, and the producer's queue sized from it, are planned
-    so that any request fits."""
+    (:func:`request_bytes_bound` of its ``max_model_len``; unset: the connector
+    computes it). ``max_inflight_bytes`` must hold it: the budget, and the
+    producer's queue sized from it, are planned so that any request fits."""
 
     @property
     def target_block_bytes(self) -> int:
@@ -117,8 +135,14 @@ class ConnectorConfig(StrictModel):
         return INLINE_BLOCK_BYTES if self.payload_store is None else STAGED_BLOCK_BYTES
 
     @model_validator(mode="after")
+    def _extractor_says_where(self) -> ConnectorConfig:
+        if self.requests == "extractor" and (self.completion_address is None or self.kafka_settings_file is None):
+            raise ValueError("requests from the extractor need its completion_address and kafka_settings_file")
+        return self
+
+    @model_validator(mode="after")
     def _largest_request_fits(self) -> ConnectorConfig:
-        if self.max_inflight_bytes < self.max_request_bytes:
+        if self.max_request_bytes is not None and self.max_inflight_bytes < self.max_request_bytes:
             raise ValueError(
                 f"max_inflight_bytes {self.max_inflight_bytes} cannot hold one request of max_model_len tokens "
                 f"({self.max_request_bytes} raw bytes): raise it to at least that, or lower max_model_len")
@@ -136,6 +160,9 @@ honoured only under ``allow_custom_save_path``."""
 INCLUDE_OUTPUT_KEY = "include_output_tokens"
 """In a request's ``kv_transfer_params``: capture the generated tokens too (all
 but the final one, which was never an input), as the stock connector does."""
+SAMPLE_ID_KEY = "sample_id"
+"""In a response's ``kv_transfer_params``: the id of the request's sample in
+the dataset, when the connector sends served requests to Kafka."""
 CAPTURE_ERROR_KEY = "hsx_error"
 """In a response's ``kv_transfer_params``: why the request's hidden states were
 not captured (its ``hsx`` parameters were invalid)."""
@@ -164,6 +191,16 @@ class ServedParams(StrictModel):
     capture: bool | Capture = True
     """``false``: no hidden states for this request; ``"last"``: only the final
     input token's row (a reward or classifier head's input)."""
+    metadata: dict[str, JsonValue] | None = None
+    """Recorded with the request's sample in the dataset, bounded as a prompt
+    event's metadata is."""
+
+    @field_validator("metadata")
+    @classmethod
+    def _bounded(cls, value: dict[str, JsonValue] | None) -> dict[str, JsonValue] | None:
+        if value is not None:
+            check_json_bounds("metadata", value, DEFAULT_LIMITS.max_metadata_bytes, DEFAULT_LIMITS.max_metadata_depth)
+        return value
 
 
 @dataclass(frozen=True)

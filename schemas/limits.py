@@ -4,6 +4,9 @@ context (``context={"limits": limits}``); without one the defaults apply."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import orjson
 
 from pydantic import ValidationInfo
 
@@ -38,3 +41,27 @@ def limits_of(info: ValidationInfo) -> PromptLimits:
     if not isinstance(limits, PromptLimits):
         raise TypeError("validation context 'limits' must be a PromptLimits")
     return limits
+
+
+def check_json_bounds(field: str, value: dict[str, Any], max_bytes: int, max_depth: int) -> None:
+    """``ValueError`` naming ``field`` when ``value`` nests deeper than
+    ``max_depth``, is larger than ``max_bytes`` as JSON, or holds what JSON tools
+    cannot carry."""
+    if _depth(value) > max_depth:
+        raise ValueError(f"{field} nested deeper than {max_depth} levels")
+    try:
+        size = len(orjson.dumps(value))
+    except orjson.JSONEncodeError as exc:
+        # Python's JSON parser (pydantic's) reads integers of any size; orjson, Kafka's
+        # consumers and the ready event cannot carry one beyond 64 bits.
+        raise ValueError(f"{field} holds a value JSON tools cannot carry: {exc}") from None
+    if size > max_bytes:
+        raise ValueError(f"{field} is {size} bytes as JSON, more than {max_bytes}")
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0

@@ -59,6 +59,19 @@ class SourceRef(StrictModel):
     offset: NonNegativeInt
 
 
+SERVED_REQUEST_ID_CHARS = 1024
+
+
+class ServedRef(StrictModel):
+    """Where a served request came from: the vLLM server that answered it and
+    that server's id for it, which embeds a client's ``X-Request-Id`` (kept as
+    the client sent it, cut to :data:`SERVED_REQUEST_ID_CHARS`; the sample's own
+    ``request_id`` is the safe name the server gave it)."""
+
+    server: str = Field(min_length=1, max_length=128)
+    request_id: str = Field(max_length=SERVED_REQUEST_ID_CHARS)
+
+
 class Manifest(StrictModel):
     """The last record of a request attempt: describes and vouches for its blocks.
     A sample is complete when every block it lists has arrived with the same
@@ -82,7 +95,7 @@ class Manifest(StrictModel):
     ``dtype`` stays the model's, which the blocks dequantize to."""
     blocks: list[BlockRef] = Field(min_length=1)
     metadata: dict[str, JsonValue] | None = None
-    source: SourceRef
+    source: SourceRef | ServedRef
     generation: GenerationRecord | None = None
     """How the answer in ``token_ids`` was generated, when the prompt asked for one."""
     capture: Capture = "all"

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import orjson
 from pydantic import JsonValue, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from hsx.schemas.common import SCHEMA_VERSION, Capture, RequestId, StrictModel, TokenId
 from hsx.schemas.generation import Generation
-from hsx.schemas.limits import DEFAULT_LIMITS, limits_of as _limits
+from hsx.schemas.limits import DEFAULT_LIMITS, check_json_bounds, limits_of as _limits
 from hsx.schemas.messages import ImagePart, Message
 
 PromptKind = Literal["prompt", "token_ids", "messages"]
@@ -27,27 +26,6 @@ RESERVED_TEMPLATE_KWARGS = frozenset({
 })
 """Names ``chat_template_kwargs`` may not use: transformers' ``apply_chat_template``
 takes them as its own arguments, and the extractor sets them itself."""
-
-
-def _check_json_bounds(field: str, value: dict[str, Any], max_bytes: int, max_depth: int) -> None:
-    if _depth(value) > max_depth:
-        raise ValueError(f"{field} nested deeper than {max_depth} levels")
-    try:
-        size = len(orjson.dumps(value))
-    except orjson.JSONEncodeError as exc:
-        # Python's JSON parser (pydantic's) reads integers of any size; orjson, Kafka's
-        # consumers and the ready event cannot carry one beyond 64 bits.
-        raise ValueError(f"{field} holds a value JSON tools cannot carry: {exc}") from None
-    if size > max_bytes:
-        raise ValueError(f"{field} is {size} bytes as JSON, more than {max_bytes}")
-
-
-def _depth(value: Any) -> int:
-    if isinstance(value, dict):
-        return 1 + max((_depth(v) for v in value.values()), default=0)
-    if isinstance(value, list):
-        return 1 + max((_depth(v) for v in value), default=0)
-    return 0
 
 
 class PromptEvent(StrictModel):
@@ -146,7 +124,7 @@ class PromptEvent(StrictModel):
     ) -> dict[str, Any] | None:
         if value is not None:
             limits = _limits(info)
-            _check_json_bounds("metadata", value, limits.max_metadata_bytes, limits.max_metadata_depth)
+            check_json_bounds("metadata", value, limits.max_metadata_bytes, limits.max_metadata_depth)
         return value
 
     @field_validator("chat_template_kwargs")
@@ -162,7 +140,7 @@ class PromptEvent(StrictModel):
             if name in RESERVED_TEMPLATE_KWARGS:
                 raise ValueError(f"chat_template_kwargs may not set {name!r}: hsx sets it")
         limits = _limits(info)
-        _check_json_bounds("chat_template_kwargs", value, limits.max_template_kwargs_bytes, limits.max_metadata_depth)
+        check_json_bounds("chat_template_kwargs", value, limits.max_template_kwargs_bytes, limits.max_metadata_depth)
         return value
 
     @model_validator(mode="after")

@@ -35,6 +35,7 @@ from the environment the engine processes inherit.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +52,7 @@ from vllm.utils.gc_utils import freeze_gc_heap
 from hsx.extractor.completion import CompletionSender
 from hsx.extractor.connector.gather import CudaGatherer, Gathered, gather_cpu
 from hsx.extractor.connector.kafka_settings import read_kafka_settings
-from hsx.extractor.connector.file_requests import FileChoice, choose_file
+from hsx.extractor.connector.request_options import Asked, read_request, served_params
 from hsx.extractor.connector.files import FileWriter
 from hsx.extractor.connector.metadata import GeneratedTail, HsxConnectorMetadata, SendJob
 from hsx.extractor.connector.sender import BlockSender
@@ -61,8 +62,12 @@ from hsx.schemas.connector import (
     HIDDEN_STATES_PATH_KEY,
     INCLUDE_OUTPUT_KEY,
     PARAMS_KEY,
+    SAMPLE_ID_KEY,
+    ConnectorConfig,
     read_extra_config,
+    request_bytes_bound,
 )
+from hsx.runtime.settings import KafkaSettings, overrides
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -95,7 +100,6 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = read_extra_config(self._kv_transfer_config.kv_connector_extra_config)
-        self._config = extra.kafka
         self._files_config = extra.files
         self._group = _hidden_state_group(kv_cache_config)
         self._block_size = (
@@ -110,13 +114,18 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         self._layer_ids = sorted(set(requested))
         if len(self._layer_ids) != len(requested):
             raise ValueError(f"duplicate hidden-state layer ids {requested}")
+        self._config = None if extra.kafka is None else _completed(extra.kafka, vllm_config, len(self._layer_ids))
+        self._served = self._config is None or self._config.requests == "served"
+        self._server = uuid.uuid4().hex[:16]
+        """This engine's name in its served samples' ids: new at every start, so
+        ids stay unique across restarts and replicas."""
+        self._samples = 0
 
         # Scheduler side: jobs created by request_finished, shipped by the next
         # build_connector_meta; files chosen when a request is first scheduled.
         self._outbox: list[SendJob] = []
-        self._files: dict[str, FileChoice] = {}
-        self._refused: dict[str, str] = {}
-        """Requests whose file was refused, with the reason their response carries."""
+        self._asked: dict[str, Asked] = {}
+        """What each scheduled request asked for, until it finishes."""
         self._drops: list[str] = []
         # Worker side, created in register_kv_caches.
         self._cache: torch.Tensor | None = None
@@ -138,48 +147,64 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = HsxConnectorMetadata(sends=self._outbox, drops=self._drops)
         self._outbox, self._drops = [], []
-        if self._files_config is not None:
+        if self._files_config is not None or self._served:
             for new in scheduler_output.scheduled_new_reqs:
                 extra_args = new.sampling_params.extra_args if new.sampling_params else None
-                choice = choose_file(self._files_config, new.req_id, (extra_args or {}).get("kv_transfer_params") or {},
-                                     extractor_params=self._config is not None)
-                if choice.path is not None:
-                    self._files[new.req_id] = choice
-                    meta.holds.append(choice.path)
-                elif choice.error is not None:
-                    self._refused[new.req_id] = choice.error
+                asked = read_request(new.req_id, (extra_args or {}).get("kv_transfer_params") or {},
+                                     files=self._files_config, served=self._served)
+                self._asked[new.req_id] = asked
+                if asked.file is not None:
+                    meta.holds.append(asked.file)
         return meta
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        """1. Take the request's file, if it has one, and its Kafka parameters,
-        if any; 2. nothing to send (aborted, an earlier turn, opted out): its
-        file's lock is dropped and its blocks go back at once; 3. otherwise a
+        """1. Take what the request asked for (read when it was first scheduled);
+        2. nothing to send (aborted, an earlier turn, opted out): its file's lock
+        is dropped and its blocks go back at once; 3. otherwise a
         :class:`SendJob` for the next step keeps its blocks until every output
-        has its rows. The response names the file (or says why there is none)."""
+        has its rows. The response names the file and the sample (or says why
+        there are none)."""
         from vllm.v1.request import RequestStatus
 
-        file = self._files.pop(request.request_id, None)
-        refused = self._refused.pop(request.request_id, None)
-        response = {CAPTURE_ERROR_KEY: refused} if refused is not None else None
+        asked = self._asked.pop(request.request_id, None)
+        response: dict[str, Any] = {CAPTURE_ERROR_KEY: asked.error} if asked and asked.error else {}
         transfer = request.kv_transfer_params or {}
-        params = transfer.get(PARAMS_KEY) if self._config is not None else None
-        if self._config is not None and params is None and not transfer.get(DISCARD_KEY):
-            log.warning("request %s carries no hsx parameters; its hidden states are not sent", request.request_id)
-        aborted = request.status == RequestStatus.FINISHED_ABORTED or not block_ids
-        if transfer.get(DISCARD_KEY) or aborted:
-            # An earlier turn (its blocks go back to the prefix cache at once) or
-            # aborted / never scheduled: nothing complete to send; the extractor
-            # sees no completion and treats the attempt as not done.
-            params = None
-        if file is not None and params is None and (transfer.get(DISCARD_KEY) or aborted):
-            self._drops.append(file.path)  # type: ignore[arg-type]
+        # An earlier turn (its blocks go back to the prefix cache at once) or aborted /
+        # never scheduled: nothing complete to send; the extractor sees no completion
+        # and treats the attempt as not done.
+        complete = not transfer.get(DISCARD_KEY) and request.status != RequestStatus.FINISHED_ABORTED and block_ids
+        file = asked.file if asked else None
+        if file is not None and not complete:
+            self._drops.append(file)
             file = None
+        params = self._sample_params(request, asked, transfer) if complete else None
         if params is None and file is None:
-            return False, response
-        self._outbox.append(_send_job(request, block_ids, params, file, bool(transfer.get(INCLUDE_OUTPUT_KEY))))
+            return False, response or None
+        capture = params["capture"] if params is not None else asked.capture if asked else "all"
+        self._outbox.append(_send_job(request, block_ids, params, capture, file,
+                                      bool(transfer.get(INCLUDE_OUTPUT_KEY))))
         if file is not None:
-            response = {**(response or {}), HIDDEN_STATES_PATH_KEY: file.path}
-        return True, response
+            response[HIDDEN_STATES_PATH_KEY] = file
+        if params is not None and self._served:
+            response[SAMPLE_ID_KEY] = params["request_id"]
+        return True, response or None
+
+    def _sample_params(self, request: Request, asked: Asked | None,
+                       transfer: dict[str, Any]) -> dict[str, Any] | None:
+        """The Kafka side's ``RequestParams`` of a finished request: the
+        extractor's own, or for a served request a new sample's; ``None`` when
+        it sends nothing to Kafka."""
+        if self._config is None:
+            return None
+        if not self._served:
+            params = transfer.get(PARAMS_KEY)
+            if params is None:
+                log.warning("request %s carries no hsx parameters; its hidden states are not sent", request.request_id)
+            return params  # type: ignore[no-any-return]
+        if asked is None or asked.capture is None:
+            return None
+        self._samples += 1
+        return served_params(self._server, f"{self._server}-{self._samples}", request.request_id, asked)
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
@@ -204,8 +229,10 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         self._cuda = CudaGatherer(cache) if cache.is_cuda else None
         if self._is_sending_rank():
             if self._config is not None:
-                self._sender = BlockSender(self._config, read_kafka_settings(self._config.kafka_settings_file),
-                                           self._layer_ids, CompletionSender(self._config.completion_address))
+                kafka = (read_kafka_settings(self._config.kafka_settings_file) if self._config.kafka_settings_file
+                         else KafkaSettings(**overrides(bootstrap=self._config.bootstrap)))
+                self._sender = BlockSender(self._config, kafka, self._layer_ids,
+                                           CompletionSender(self._config.completion_address))
             if self._files_config is not None:
                 self._writer = FileWriter(self._files_config)
             # The model and its caches exist now: out of the collector's way. EngineCore freezes its heap too,
@@ -329,8 +356,18 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         return "LBNHC"  # as vLLM's own hidden-states connector
 
 
-def _send_job(request: Request, block_ids: list[int], params: dict[str, Any] | None, file: FileChoice | None,
-              include_output: bool) -> SendJob:
+def _completed(config: ConnectorConfig, vllm_config: VllmConfig, num_layers: int) -> ConnectorConfig:
+    """``config`` with what vLLM's own configuration tells where it is unset: the
+    model's name, and the largest request's bytes (checked against the budget)."""
+    model_config = vllm_config.model_config
+    largest = request_bytes_bound(model_config.max_model_len, num_layers, model_config.get_hidden_size())
+    filled = {"model": config.model or model_config.served_model_name or model_config.model,
+              "max_request_bytes": config.max_request_bytes or largest}
+    return ConnectorConfig.model_validate({**config.model_dump(), **filled})
+
+
+def _send_job(request: Request, block_ids: list[int], params: dict[str, Any] | None, capture: str,
+              file: str | None, include_output: bool) -> SendJob:
     """What the worker side sends for a finished request. A plain prefill sends the
     prompt's tokens; a generation (or ``include_output_tokens``) sends every token
     that was an input of a forward pass (prompt + answer, but not the final token,
@@ -344,7 +381,5 @@ def _send_job(request: Request, block_ids: list[int], params: dict[str, Any] | N
         tokens = every[:-1]
         answer = GeneratedTail(prompt_tokens=request.num_prompt_tokens, final_token_id=every[-1],
                                finish_reason="stop" if request.get_finished_reason() == FinishReason.STOP else "length")
-    capture = params.get("capture") if params is not None else file.capture if file is not None else "all"
     first_row = len(tokens) - 1 if capture == "last" else 0
-    return SendJob(request.request_id, list(block_ids), tokens, params, answer, first_row,
-                   file.path if file is not None else None)
+    return SendJob(request.request_id, list(block_ids), tokens, params, answer, first_row, file)

@@ -1,17 +1,21 @@
 """The seed's server, as its users type it: vLLM's own OpenAI server
 (``python -m vllm.entrypoints.openai.api_server``, the CPU wheel's form of
 ``vllm serve``) with ``HsxConnector`` in place of vLLM's stock hidden-states
-connector and only the stock connector's ``shared_storage_path``. Every response
-names a file with the stock layout; its tensors equal HF transformers', it is
-read unchanged by vLLM's own ``load_hidden_states`` and by speculators' online
-client and ``FileTransfer``, and nothing a client sends writes outside the
-storage root."""
+connector, the stock connector's ``shared_storage_path``, and hsx's Kafka side
+(``"hsx": {"bootstrap": ..., "blocks_topic": ...}``) beside it, with an
+``hsx sink`` writing the dataset. Every response names a file with the stock
+layout; its tensors equal HF transformers', it is read unchanged by vLLM's own
+``load_hidden_states`` and by speculators' online client and ``FileTransfer``;
+the response's ``sample_id`` names the same hidden states in the dataset, with
+the client's metadata; and nothing a client sends writes outside the storage
+root."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +24,18 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from confluent_kafka import Consumer
 from safetensors import safe_open
 from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import load_hidden_states
 
 from hsx import models
+from hsx.dataset.reader import open_dataset
+from hsx.local.commands import STEADY_SESSION_TIMEOUT_MS, sink_command
 from hsx.local.spawn import HsxService, cpu_engine_env
+from hsx.local.topics import fresh_topics
 from hsx.reference import HFReference, max_relative_error
+from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.schemas import HiddenStatesReady
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
@@ -43,6 +53,9 @@ class Server:
     storage: Path
     reference: HFReference
     service: HsxService
+    kafka: KafkaSettings
+    topics: TopicSettings
+    dataset: Path
 
     def complete(self, body: dict[str, Any], request_id: str | None = None) -> dict[str, Any]:
         headers = {"X-Request-Id": request_id} if request_id is not None else {}
@@ -53,14 +66,17 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def server(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
     model = models.prepare(names=["tiny-llama"])["tiny-llama"]
     tmp = tmp_path_factory.mktemp("serve-files")
-    storage = tmp / "hidden_states"
+    storage, dataset = tmp / "hidden_states", tmp / "dataset"
+    kafka = KafkaSettings(bootstrap=kafka_bootstrap)
+    topics = fresh_topics(kafka, partitions=2)
     speculative = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
                    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": LAYERS}}}
+    extra = {"shared_storage_path": str(storage), "hsx": {"bootstrap": kafka_bootstrap, "blocks_topic": topics.blocks}}
     transfer = {"kv_connector": "HsxConnector", "kv_connector_module_path": "hsx.extractor.connector",
-                "kv_role": "kv_producer", "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
+                "kv_role": "kv_producer", "kv_connector_extra_config": extra}
     args = ["--model", str(model), "--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "1024",
             "--enforce-eager", "--speculative_config", json.dumps(speculative),
             "--kv_transfer_config", json.dumps(transfer)]
@@ -68,9 +84,32 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     env = cpu_engine_env(VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="0-1")
     service = HsxService("api-server", args, tmp, env=env, module="vllm.entrypoints.openai.api_server",
                          port_flag="--port", ready_path="/health")
-    with service:
+    sink = HsxService("sink", sink_command(kafka_bootstrap, topics, dataset, "--flush-when-idle", "1",
+                                           group=f"g-{topics.blocks}", session_timeout_ms=STEADY_SESSION_TIMEOUT_MS),
+                      tmp)
+    with service, sink:
         service.wait_ready(timeout=600)
-        yield Server(f"http://127.0.0.1:{service.port}", str(model), storage, HFReference(model), service)
+        yield Server(f"http://127.0.0.1:{service.port}", str(model), storage, HFReference(model), service, kafka,
+                     topics, dataset)
+
+
+def _ready(server: Server, sample_ids: set[str], timeout: float = 60) -> dict[str, HiddenStatesReady]:
+    """The ready events of ``sample_ids``, once the sink announced them all."""
+    consumer = Consumer({"bootstrap.servers": server.kafka.bootstrap, "group.id": f"t-{os.urandom(4).hex()}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([server.topics.ready])
+    found: dict[str, HiddenStatesReady] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while not sample_ids <= set(found) and time.monotonic() < deadline:
+            record = consumer.poll(0.5)
+            if record is not None and not record.error():
+                event = HiddenStatesReady.model_validate_json(record.value())
+                found[event.request_id] = event
+    finally:
+        consumer.close()
+    assert sample_ids <= set(found), f"not announced: {sorted(sample_ids - set(found))}"
+    return found
 
 
 def _expected(server: Server, token_ids: list[int]) -> torch.Tensor:
@@ -165,3 +204,44 @@ def test_speculators_online_client_reads_every_sample_unchanged(server: Server, 
             assert max_relative_error(hidden, _expected(server, item["input_ids"])) < TOLERANCE
             # FileTransfer deleted the file after reading it, and its lock file on the way.
             assert not Path(handles[str(i)]).exists() and not Path(handles[str(i)] + ".lock").exists()
+
+
+def test_each_sample_id_names_the_same_hidden_states_in_the_dataset(server: Server) -> None:
+    bodies = [{"prompt": list(range(30, 30 + n)), "max_tokens": 1,
+               "kv_transfer_params": {"hsx": {"metadata": {"user": f"u{n}", "n": n}}}} for n in (4, 9, 130)]
+    bodies.append({"prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0, "ignore_eos": True,
+                   "kv_transfer_params": {"include_output_tokens": True, "hsx": {"capture": "last"}}})
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        responses = list(pool.map(server.complete, bodies))
+    sample_ids = {r["kv_transfer_params"]["sample_id"] for r in responses}
+    assert len(sample_ids) == len(bodies)
+    ready = _ready(server, sample_ids)
+    dataset = open_dataset(server.dataset)
+    for body, response in zip(bodies, responses):
+        params = response["kv_transfer_params"]
+        sample = dataset[params["sample_id"]]
+        file = load_hidden_states(params["hidden_states_path"])
+        # A last-row sample keeps every token id in the dataset (as the extractor's);
+        # its file keeps the one its row belongs to, so that rows and ids align.
+        rows = len(file["token_ids"])
+        assert torch.equal(sample["token_ids"][-rows:], file["token_ids"])
+        assert torch.equal(sample["hidden_states"], file["hidden_states"])
+        assert sample["metadata"] == body["kv_transfer_params"]["hsx"].get("metadata", {})
+        assert ready[params["sample_id"]].layer_ids == STORED
+    *_, last = responses
+    assert dataset[last["kv_transfer_params"]["sample_id"]]["hidden_states"].shape[0] == 1
+    assert len(dataset[last["kv_transfer_params"]["sample_id"]]["token_ids"]) == 3 + 3 - 1  # prompt + answer[:-1]
+
+
+def test_bad_metadata_is_refused_in_the_response_and_nothing_is_captured(server: Server) -> None:
+    before = _files(server.storage)
+    deep: dict[str, Any] = {}
+    for _ in range(12):
+        deep = {"d": deep}
+    for metadata, reason in [(deep, "nested deeper"), ({"big": "x" * 70_000}, "bytes as JSON"), ([1], "dict")]:
+        response = server.complete({"prompt": [1, 2], "max_tokens": 1,
+                                    "kv_transfer_params": {"hsx": {"metadata": metadata}}})
+        params = response["kv_transfer_params"]
+        assert set(params) == {"hsx_error"} and reason in params["hsx_error"], params
+    assert _files(server.storage) == before
+    assert server.service.exited() is None

@@ -46,9 +46,11 @@ def test_blocks_are_sized_by_transport_unless_asked() -> None:
         _config(max_request_bytes=1 << 20, block_bytes=100)
 
 
-def test_the_request_bound_is_required() -> None:
-    with pytest.raises(ValidationError, match="max_request_bytes"):
-        ConnectorConfig(completion_address="ipc:///c.sock", kafka_settings_file="/k.json", blocks_topic="t", model="m")
+def test_the_extractor_must_say_where_reports_and_settings_are() -> None:
+    with pytest.raises(ValidationError, match="need its completion_address and kafka_settings_file"):
+        ConnectorConfig(requests="extractor", kafka_settings_file="/k.json")
+    served = ConnectorConfig(bootstrap="kafka:9092")  # vLLM's server: the rest from the engine's own config
+    assert served.requests == "served" and served.max_request_bytes is None and served.model is None
 
 
 def test_the_kafka_settings_file_carries_secrets_and_the_logged_config_does_not(

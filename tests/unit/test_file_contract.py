@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hsx.extractor.connector.file_requests import choose_file
+from hsx.extractor.connector.request_options import read_request, served_params
 from hsx.extractor.connector.files import FileWriter
 from hsx.extractor.connector.gather import Gathered
 from hsx.schemas.common import safe_name
@@ -49,28 +49,47 @@ def test_the_extra_config_names_its_sides_and_refuses_the_rest() -> None:
         read_extra_config({"hsx": None, "num_writer_threads": 2})
 
 
+def _file(config: FilesConfig, engine_id: str, kv_params: dict[str, object]) -> str | None:
+    return read_request(engine_id, kv_params, files=config, served=True).file
+
+
 def test_a_file_is_named_by_the_request_inside_the_root(tmp_path: Path) -> None:
     config = FilesConfig(shared_storage_path=str(tmp_path))
     for engine_id in HOSTILE[:-1]:
-        choice = choose_file(config, engine_id, {}, extractor_params=False)
-        assert choice.path is not None and Path(choice.path).parent == tmp_path
-    assert choose_file(config, "r", {"hsx": {"capture": False}}, extractor_params=False).path is None
-    assert choose_file(config, "r", {"hsx": {"capture": "last"}}, extractor_params=False).capture == "last"
-    bad = choose_file(config, "r", {"hsx": {"capture": "x", "extra": 1}}, extractor_params=False)
-    assert bad.path is None and "capture" in (bad.error or "") and "extra" in (bad.error or "")
+        path = _file(config, engine_id, {})
+        assert path is not None and Path(path).parent == tmp_path
+
+
+def test_what_a_served_request_asks_for(tmp_path: Path) -> None:
+    config = FilesConfig(shared_storage_path=str(tmp_path))
+    assert read_request("r", {"hsx": {"capture": False}}, files=config, served=True).file is None
+    last = read_request("r", {"hsx": {"capture": "last", "metadata": {"k": [1]}}}, files=None, served=True)
+    assert last.capture == "last" and last.metadata == {"k": [1]} and last.file is None
+    bad = read_request("r", {"hsx": {"capture": "x", "extra": 1}}, files=config, served=True)
+    assert bad.capture is None and bad.file is None and "capture" in (bad.error or "") and "extra" in (bad.error or "")
+    # The extractor's own parameters are not a client's: only their capture counts.
+    extractor = read_request("r", {"hsx": {"request_id": "a", "capture": "last"}}, files=config, served=False)
+    assert extractor.capture == "last" and extractor.error is None
+
+
+def test_a_served_sample_keeps_the_id_the_client_sent() -> None:
+    asked = read_request("cmpl-../x-0-ab", {"hsx": {"metadata": {"a": 1}}}, files=None, served=True)
+    params = served_params("srv", "srv-1", "cmpl-../x-0-ab" + "y" * 5000, asked)
+    assert params["request_id"] == "srv-1" and params["metadata"] == {"a": 1}
+    assert params["source"]["server"] == "srv" and params["source"]["request_id"].startswith("cmpl-../x-0-ab")
+    assert len(params["source"]["request_id"]) == 1024
 
 
 def test_a_chosen_path_needs_the_operator_and_stays_inside(tmp_path: Path) -> None:
     default = str(tmp_path / "r.safetensors")
     closed = FilesConfig(shared_storage_path=str(tmp_path))
-    assert choose_file(closed, "r", {"hidden_states_path": "mine.safetensors"}, extractor_params=False).path == default
+    assert _file(closed, "r", {"hidden_states_path": "mine.safetensors"}) == default
     open_ = FilesConfig(shared_storage_path=str(tmp_path), allow_custom_save_path=True)
-    inside = choose_file(open_, "r", {"hidden_states_path": "sub/mine.safetensors"}, extractor_params=False)
-    assert inside.path == str(tmp_path / "sub" / "mine.safetensors")
+    assert _file(open_, "r", {"hidden_states_path": "sub/mine.safetensors"}) == str(tmp_path / "sub" / "mine.safetensors")
     (tmp_path / "link").symlink_to("/tmp")
     for escape in ["/etc/x.safetensors", "../x.safetensors", "link/x.safetensors", "sub/../../x.safetensors",
                    "x.txt", "a\x00.safetensors", 7]:
-        assert choose_file(open_, "r", {"hidden_states_path": escape}, extractor_params=False).path == default
+        assert _file(open_, "r", {"hidden_states_path": escape}) == default
 
 
 def _writer(tmp_path: Path) -> FileWriter:
