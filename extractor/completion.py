@@ -19,7 +19,7 @@ import zmq
 import zmq.asyncio
 from pydantic import ValidationError
 
-from hsx.schemas.connector import CompletionReport
+from hsx.schemas.connector import CompletionReport, FileReport
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +35,11 @@ class CompletionSender:
         self._lock = threading.Lock()
         self._socket: zmq.Socket | None = None
 
-    def send(self, report: CompletionReport) -> None:
+    def send(self, report: CompletionReport | FileReport) -> None:
         if self._address is None:
             if not report.ok:
-                log.error("capture of %s lost: %s", report.request_id, report.error)
+                what = report.path if isinstance(report, FileReport) else report.request_id
+                log.error("capture of %s lost: %s", what, report.error)
             return
         with self._lock:
             if self._socket is None:

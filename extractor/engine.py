@@ -35,6 +35,20 @@ class EngineOptions:
     engine_args: dict[str, Any] = field(default_factory=dict)
 
 
+def speculative_config(layer_ids: list[int]) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for ``extract_hidden_states`` of ``layer_ids``
+    (the seed's, for ``AsyncEngineArgs`` and ``vllm serve`` alike)."""
+    return {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}}}
+
+
+def kv_transfer_config(extra: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's ``kv_transfer_config`` loading :class:`HsxConnector` with
+    ``extra`` as its ``kv_connector_extra_config``."""
+    return {"kv_connector": "HsxConnector", "kv_connector_module_path": "hsx.extractor.connector",
+            "kv_role": "kv_producer", "kv_connector_extra_config": extra}
+
+
 def engine_args(options: EngineOptions, connector: ConnectorConfig) -> Any:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -52,17 +66,8 @@ def engine_args(options: EngineOptions, connector: ConnectorConfig) -> Any:
         # profiling its encoders or building its processor (whose video part needs
         # torchvision). No effect on a text-only model.
         language_model_only=True,
-        speculative_config={
-            "method": "extract_hidden_states",
-            "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(options.layer_ids)}},
-        },
-        kv_transfer_config={
-            "kv_connector": "HsxConnector",
-            "kv_connector_module_path": "hsx.extractor.connector",
-            "kv_role": "kv_producer",
-            "kv_connector_extra_config": {EXTRA_CONFIG_KEY: connector.model_dump(mode="json")},
-        },
+        speculative_config=speculative_config(options.layer_ids),
+        kv_transfer_config=kv_transfer_config({EXTRA_CONFIG_KEY: connector.model_dump(mode="json")}),
     )
     if options.max_num_seqs is not None:
         kwargs["max_num_seqs"] = options.max_num_seqs

@@ -117,9 +117,9 @@ def run_pipeline(plan: RunPlan) -> RunReport:
     transport = ["--payload-store", staging] if staging else []
     if plan.owns_staging:
         shutil.rmtree(staging, ignore_errors=True)  # an interrupted run's: no manifest of this run names them
-    with _broker(plan.bootstrap) as bootstrap:
+    with broker(plan.bootstrap) as bootstrap:
         kafka = KafkaSettings(bootstrap=bootstrap)
-        topic_settings = _topics(plan.partitions)
+        topic_settings = run_topics(plan.partitions)
         topics = topic_settings.topics()
         ensure_topics(kafka, topic_settings, [topics.prompts, topics.prompts_dlq, topics.blocks,
                                               topics.blocks_dlq, topics.ready], timeout=plan.connect_timeout)
@@ -189,17 +189,18 @@ def stopping_children_on_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _broker(bootstrap: str | None) -> Iterator[str]:
+def broker(bootstrap: str | None) -> Iterator[str]:
+    """``bootstrap``, else ``HSX_KAFKA_BOOTSTRAP``, else an embedded broker for as long as this lasts."""
     configured = bootstrap or os.environ.get("HSX_KAFKA_BOOTSTRAP")
     if configured:
         yield configured
         return
-    with EmbeddedBroker() as broker:
-        print(f"hsx run: embedded broker at {broker.bootstrap}", file=sys.stderr)
-        yield broker.bootstrap
+    with EmbeddedBroker() as embedded:
+        print(f"hsx: embedded broker at {embedded.bootstrap}", file=sys.stderr)
+        yield embedded.bootstrap
 
 
-def _topics(partitions: int) -> TopicSettings:
+def run_topics(partitions: int) -> TopicSettings:
     """The ``HSX_TOPIC_*`` names where any is set, else a run-scoped set."""
     if any(name.startswith("HSX_TOPIC_") for name in os.environ):
         return TopicSettings()

@@ -203,12 +203,23 @@ class ServedParams(StrictModel):
         return value
 
 
+REPORTS_KEY = "hsx_reports"
+"""In ``kv_connector_extra_config``: a ZeroMQ address (``hsx serve``'s) the
+connector pushes a report of every capture to, files and samples alike."""
+
+
 @dataclass(frozen=True)
 class ExtraConfig:
     """``kv_connector_extra_config`` read: the Kafka side, the file side, or both."""
 
     kafka: ConnectorConfig | None
     files: FilesConfig | None
+    reports: str | None = None
+
+    @property
+    def report_address(self) -> str | None:
+        """Where reports go: the extractor's completion channel, else ``hsx_reports``."""
+        return (self.kafka.completion_address if self.kafka else None) or self.reports
 
 
 def read_extra_config(extra: Mapping[str, Any] | None) -> ExtraConfig:
@@ -217,10 +228,10 @@ def read_extra_config(extra: Mapping[str, Any] | None) -> ExtraConfig:
     connector's keys (:data:`FILES_KEYS`) a :class:`FilesConfig`. Raises
     ``ValueError`` naming what is wrong: an unknown key, or neither side."""
     extra = dict(extra or {})
-    unknown = sorted(set(extra) - {EXTRA_CONFIG_KEY, *FILES_KEYS})
+    known = [EXTRA_CONFIG_KEY, *FILES_KEYS, REPORTS_KEY]
+    unknown = sorted(set(extra) - set(known))
     if unknown:
-        raise ValueError(f"kv_connector_extra_config: unknown keys {unknown}; HsxConnector reads "
-                         f"{[EXTRA_CONFIG_KEY, *FILES_KEYS]}")
+        raise ValueError(f"kv_connector_extra_config: unknown keys {unknown}; HsxConnector reads {known}")
     files = {key: extra[key] for key in FILES_KEYS if key in extra}
     if files and "shared_storage_path" not in files:
         raise ValueError(f"kv_connector_extra_config sets {sorted(files)} but not shared_storage_path")
@@ -231,6 +242,7 @@ def read_extra_config(extra: Mapping[str, Any] | None) -> ExtraConfig:
     return ExtraConfig(
         kafka=None if kafka is None else ConnectorConfig.model_validate(kafka, strict=False),
         files=FilesConfig.model_validate(files, strict=False) if files else None,
+        reports=extra.get(REPORTS_KEY),
     )
 
 
@@ -250,3 +262,17 @@ class CompletionReport(StrictModel):
     kafka_bytes: NonNegativeInt = 0
     """Bytes of the records the attempt put on the blocks topic (keys, values,
     headers): the blocks and the manifest inline, the manifest alone by reference."""
+    seconds: float | None = None
+    """From the request's end in the engine (when its response left) to this
+    report: the capture's lag."""
+
+
+class FileReport(StrictModel):
+    """The connector's word on one request's file, for ``hsx serve``'s counts."""
+
+    path: str
+    ok: bool
+    error: str | None = None
+    raw_bytes: NonNegativeInt = 0
+    seconds: float | None = None
+    """From the request's end in the engine to the file complete (unlocked)."""

@@ -35,6 +35,7 @@ from the environment the engine processes inherit.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -101,6 +102,7 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = read_extra_config(self._kv_transfer_config.kv_connector_extra_config)
         self._files_config = extra.files
+        self._report_address = extra.report_address
         self._group = _hidden_state_group(kv_cache_config)
         self._block_size = (
             kv_cache_config.kv_cache_groups[self._group].kv_cache_spec.block_size
@@ -228,13 +230,13 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         self._cache = cache
         self._cuda = CudaGatherer(cache) if cache.is_cuda else None
         if self._is_sending_rank():
+            reports = CompletionSender(self._report_address)
             if self._config is not None:
                 kafka = (read_kafka_settings(self._config.kafka_settings_file) if self._config.kafka_settings_file
                          else KafkaSettings(**overrides(bootstrap=self._config.bootstrap)))
-                self._sender = BlockSender(self._config, kafka, self._layer_ids,
-                                           CompletionSender(self._config.completion_address))
+                self._sender = BlockSender(self._config, kafka, self._layer_ids, reports)
             if self._files_config is not None:
-                self._writer = FileWriter(self._files_config)
+                self._writer = FileWriter(self._files_config, reports.send)
             # The model and its caches exist now: out of the collector's way. EngineCore freezes its heap too,
             # but a rank in a process of its own (tensor parallel) is never frozen by vLLM, and the sender's
             # per-block objects would make the collector's full passes walk the whole model (half of the
@@ -323,11 +325,10 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         try:
             gathered = self._gather(job, fp8=False)
         except Exception as exc:  # noqa: BLE001 - one bad request must not kill the engine
-            log.error("hidden states of %s not gathered for %s: %s: %s", job.engine_request_id, job.file_path,
-                      type(exc).__name__, exc)
-            self._writer.fail(job.file_path)
+            self._writer.fail(job.file_path, f"gather failed: {type(exc).__name__}: {exc}")
             return False
-        self._writer.write(job.engine_request_id, job.file_path, gathered, job.token_ids[job.first_row:])
+        self._writer.write(job.engine_request_id, job.file_path, gathered, job.token_ids[job.first_row:],
+                           job.finished_at)
         return True
 
     def _has_room(self, job: SendJob, nbytes: int) -> bool:
@@ -382,4 +383,4 @@ def _send_job(request: Request, block_ids: list[int], params: dict[str, Any] | N
         answer = GeneratedTail(prompt_tokens=request.num_prompt_tokens, final_token_id=every[-1],
                                finish_reason="stop" if request.get_finished_reason() == FinishReason.STOP else "length")
     first_row = len(tokens) - 1 if capture == "last" else 0
-    return SendJob(request.request_id, list(block_ids), tokens, params, answer, first_row, file)
+    return SendJob(request.request_id, list(block_ids), tokens, params, answer, first_row, file, time.time())

@@ -34,7 +34,9 @@ import fcntl
 import logging
 import os
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +45,7 @@ import torch
 from safetensors.torch import save_file
 
 from hsx.extractor.connector.gather import Gathered
-from hsx.schemas.connector import FilesConfig
+from hsx.schemas.connector import FileReport, FilesConfig
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +64,9 @@ class FileStats:
 class FileWriter:
     """Writes finished requests' hidden states as files; see the module docstring."""
 
-    def __init__(self, config: FilesConfig) -> None:
+    def __init__(self, config: FilesConfig, report: Callable[[FileReport], None] | None = None) -> None:
         self._config = config
+        self._report = report
         self._pool = ThreadPoolExecutor(config.num_writer_threads, thread_name_prefix="hsx-file")
         self._lock = threading.Lock()
         self._locks: dict[str, int] = {}
@@ -91,14 +94,16 @@ class FileWriter:
         with self._lock:
             return self._pending == 0 or self._pending_bytes + nbytes <= self._config.max_pending_file_bytes
 
-    def write(self, engine_request_id: str, path: str, gathered: Gathered, token_ids: list[int]) -> None:
+    def write(self, engine_request_id: str, path: str, gathered: Gathered, token_ids: list[int],
+              finished_at: float = 0.0) -> None:
         """Step 2: write ``path`` on a writer thread; ``engine_request_id`` is
-        reported by :meth:`take_copied` once the rows are on the host."""
+        reported by :meth:`take_copied` once the rows are on the host.
+        ``finished_at`` (``time.time()`` of the request's end) times its lag."""
         nbytes = gathered.tensor.numel() * gathered.tensor.element_size()
         with self._lock:
             self._pending += 1
             self._pending_bytes += nbytes
-        self._pool.submit(self._write, engine_request_id, path, gathered, token_ids, nbytes)
+        self._pool.submit(self._write, engine_request_id, path, gathered, token_ids, nbytes, finished_at)
 
     def drop(self, path: str) -> None:
         """Step 3: no file will come for ``path``: remove its lock file, then release it."""
@@ -112,12 +117,15 @@ class FileWriter:
             pass
         os.close(fd)
 
-    def fail(self, path: str) -> None:
+    def fail(self, path: str, reason: str) -> None:
         """Step 3 for a file that will not be written (its rows could not be
-        gathered, or the write failed): counted, and its lock dropped."""
+        gathered, or the write failed): logged, counted, reported, and its lock dropped."""
+        log.error("hidden states not written to %s: %s", path, reason)
         with self._lock:
             self.stats.failed += 1
         self.drop(path)
+        if self._report is not None:
+            self._report(FileReport(path=path, ok=False, error=reason))
 
     def take_copied(self) -> set[str]:
         """Engine request ids whose rows are on the host since the last call: vLLM
@@ -133,18 +141,16 @@ class FileWriter:
             self.drop(path)
 
     def _write(self, engine_request_id: str, path: str, gathered: Gathered, token_ids: list[int],
-               nbytes: int) -> None:
+               nbytes: int, finished_at: float) -> None:
         try:
             rows = gathered.wait()
             with self._lock:
                 self._copied.add(engine_request_id)
             self._save(path, rows, token_ids)
         except Exception as exc:  # noqa: BLE001 - a failed file is counted, never an engine failure
-            log.error("hidden states of %s not written to %s: %s: %s", engine_request_id, path,
-                      type(exc).__name__, exc)
             with self._lock:
                 self._copied.add(engine_request_id)  # whatever failed, the blocks go back
-            self.fail(path)
+            self.fail(path, f"{type(exc).__name__}: {exc}")
         else:
             with self._lock:
                 fd = self._locks.pop(path, None)
@@ -152,6 +158,9 @@ class FileWriter:
                 self.stats.written_bytes += nbytes
             if fd is not None:
                 os.close(fd)  # releases LOCK_EX: readers waiting on it load the complete file
+            if self._report is not None:
+                self._report(FileReport(path=path, ok=True, raw_bytes=nbytes,
+                                        seconds=time.time() - finished_at if finished_at else None))
         finally:
             if gathered.release is not None:
                 gathered.release()

@@ -31,6 +31,9 @@ class SendJob:
     only the final input token's); the gather copies only those rows."""
     file_path: str | None = None
     """Where the request's file goes (:mod:`hsx.extractor.connector.files`), if anywhere."""
+    finished_at: float = 0.0
+    """``time.time()`` when the request ended on the scheduler side (its response
+    left then): the start of its capture lag."""
 
     @property
     def rows(self) -> int:

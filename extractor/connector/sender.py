@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -280,6 +281,7 @@ class BlockSender:
             raw_bytes=transfer.raw_bytes,
             compressed_bytes=transfer.compressed_bytes,
             kafka_bytes=transfer.kafka_bytes,
+            seconds=time.time() - transfer.job.finished_at if transfer.job.finished_at else None,
         )
         if transfer.error:
             log.error("transfer of %s failed: %s", transfer.params.request_id, transfer.error)

@@ -1,0 +1,116 @@
+"""``hsx serve``'s side of the report channel: the connector, inside vLLM's
+engine, pushes a report per capture (a file complete or failed, a sample
+acknowledged by Kafka or failed); this turns them into Prometheus metrics and
+the summary's counts, and remembers which samples the sink has yet to announce.
+
+ZeroMQ PULL on an ``ipc://`` socket, bound here; the connector connects and
+pushes (:class:`hsx.extractor.completion.CompletionSender`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+from prometheus_client import Counter, Histogram
+from pydantic import TypeAdapter, ValidationError
+
+from hsx.schemas.connector import CompletionReport, FileReport
+
+log = logging.getLogger(__name__)
+
+_REPORT: TypeAdapter[CompletionReport | FileReport] = TypeAdapter(CompletionReport | FileReport)
+LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+CAPTURES = Counter("hsx_serve_captures", "Captures handed on, by output (file, sample) and outcome (ok, failed)",
+                   ["output", "outcome"])
+CAPTURE_BYTES = Counter("hsx_serve_capture_bytes", "Raw hidden-state bytes of the captures handed on", ["output"])
+CAPTURE_LAG = Histogram("hsx_serve_capture_lag_seconds",
+                        "From a request's response to its file complete or its sample acknowledged by Kafka",
+                        ["output"], buckets=LAG_BUCKETS)
+
+
+@dataclass
+class Tally:
+    """What the reports said so far, by output."""
+
+    ok: int = 0
+    failed: int = 0
+    raw_bytes: int = 0
+    lags: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    """The first few failures' reasons, for the summary."""
+
+    def add(self, ok: bool, raw_bytes: int, seconds: float | None, error: str | None) -> None:
+        if ok:
+            self.ok += 1
+            self.raw_bytes += raw_bytes
+            if seconds is not None:
+                self.lags.append(seconds)
+        else:
+            self.failed += 1
+            if len(self.errors) < 5:
+                self.errors.append(error or "unknown")
+
+    def lag_quantile(self, q: float) -> float | None:
+        if not self.lags:
+            return None
+        ordered = sorted(self.lags)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class ReportReceiver:
+    """Receives the connector's reports on a thread of its own."""
+
+    def __init__(self, directory: Path) -> None:
+        self.address = f"ipc://{directory / 'reports.sock'}"
+        self._socket = zmq.Context.instance().socket(zmq.PULL)
+        self._socket.bind(self.address)
+        self._lock = threading.Lock()
+        self.files = Tally()
+        self.samples = Tally()
+        self.sent: set[str] = set()
+        """Sample ids Kafka acknowledged: each must reach the dataset."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._receive, name="hsx-serve-reports", daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        while not self._stop.is_set():
+            if not self._socket.poll(200):
+                continue
+            raw = self._socket.recv()
+            try:
+                self._count(raw)
+            except ValidationError as exc:  # our own connector's: a bug, never a reason to stop serving
+                log.error("unreadable capture report %r: %s", raw[:200], exc)
+
+    def _count(self, raw: bytes) -> None:
+        report = _REPORT.validate_json(raw)
+        output, tally = ("file", self.files) if isinstance(report, FileReport) else ("sample", self.samples)
+        with self._lock:
+            tally.add(report.ok, report.raw_bytes, report.seconds, report.error)
+            if isinstance(report, CompletionReport) and report.ok:
+                self.sent.add(report.request_id)
+        CAPTURES.labels(output, "ok" if report.ok else "failed").inc()
+        if report.ok:
+            CAPTURE_BYTES.labels(output).inc(report.raw_bytes)
+            if report.seconds is not None:
+                CAPTURE_LAG.labels(output).observe(report.seconds)
+
+    def sent_samples(self) -> set[str]:
+        with self._lock:
+            return set(self.sent)
+
+    def close(self) -> None:
+        """Read what is still queued, then stop (once; later calls do nothing)."""
+        if self._socket.closed:
+            return
+        self._stop.set()
+        self._thread.join(5)
+        while self._socket.poll(0):
+            self._count(self._socket.recv())
+        self._socket.close(linger=0)
