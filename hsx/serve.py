@@ -23,6 +23,7 @@ response's hidden states as a file (``--shared-storage-path``), in a dataset
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -219,7 +220,10 @@ def _server(plan: ServePlan, extra: dict[str, Any], logs: Path) -> HsxService:
     """Step 4: vLLM's server, started, with the CPU defaults in its environment."""
     from hsx.extractor.cpu_defaults import apply_cpu_defaults
 
-    apply_cpu_defaults(plan.engine)  # into os.environ, which the child inherits
+    # Into os.environ, which the child inherits. vLLM's server keeps its own executor (on CPU, a Worker
+    # process): the defaults must not plan for a worker inside EngineCore, which only hsx extract sets up.
+    executor = {**plan.engine.engine_args, "distributed_executor_backend": "mp"}
+    apply_cpu_defaults(dataclasses.replace(plan.engine, engine_args=executor))
     env = cpu_engine_env(**({"VLLM_API_KEY": plan.api_key} if plan.api_key else {}))
     server = HsxService("vllm-server", server_argv(plan, extra), logs, env=env, health=False, module=SERVER,
                         ready_path="/health")
