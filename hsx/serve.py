@@ -45,7 +45,7 @@ from hsx.ledger import Ledger, LedgerFeed
 from hsx.local.commands import STEADY_SESSION_TIMEOUT_MS, sink_command
 from hsx.local.spawn import HsxService, ServiceError, cpu_engine_env
 from hsx.run import SINK_FLUSH_WHEN_IDLE, broker, run_topics
-from hsx.runtime.checks import model_dir, writable_dir
+from hsx.runtime.checks import integer, model_dir, number, writable_dir
 from hsx.runtime.errors import ExitCode, UsageError
 from hsx.runtime.health import HealthServer
 from hsx.runtime.kafka import ensure_topics
@@ -77,6 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     captures.add_argument("--shared-storage-path", metavar="DIR",
                           help="a safetensors file per response, named in its kv_transfer_params.hidden_states_path "
                                "(vLLM's stock hidden-states connector's contract)")
+    captures.add_argument("--files-ttl", type=number(above=0), default=3600.0, metavar="SECONDS",
+                          help="files no reader deleted are deleted after this (default %(default)s)")
+    captures.add_argument("--files-max-bytes", type=integer(1 << 20), default=16 << 30, metavar="BYTES",
+                          help="files kept at most; past it captures are refused, requests still answered "
+                               "(default 16 GiB)")
     captures.add_argument("--output", help="the dataset every response's hidden states join: a directory or "
                                            "s3://BUCKET/PREFIX; the response's kv_transfer_params.sample_id names it")
     captures.add_argument("--bootstrap", help="a Kafka cluster for --output (env HSX_KAFKA_BOOTSTRAP; default: an "
@@ -98,6 +103,8 @@ class ServePlan:
     metrics_port: int
     shutdown_timeout: int
     files: str | None
+    files_ttl: float
+    files_max_bytes: int
     output: str | None
     bootstrap: str | None
     dataset_codec: DatasetCodec
@@ -133,7 +140,8 @@ def plan_from_args(args: argparse.Namespace) -> ServePlan:
     engine = from_args(EngineOptions, args, layer_ids=layers, engine_args=dict(args.engine_arg))
     return ServePlan(engine=engine, host=args.host, port=args.port,
                      metrics_port=args.metrics_port if args.metrics_port is not None else args.port + 1,
-                     shutdown_timeout=args.shutdown_timeout, files=args.shared_storage_path, output=args.output,
+                     shutdown_timeout=args.shutdown_timeout, files=args.shared_storage_path,
+                     files_ttl=args.files_ttl, files_max_bytes=args.files_max_bytes, output=args.output,
                      bootstrap=args.bootstrap, dataset_codec=DatasetCodec(args.dataset_codec), inline=args.inline,
                      model_name=args.model_name, api_key=args.api_key or os.environ.get("VLLM_API_KEY"))
 
@@ -183,7 +191,8 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
         stack.callback(reports.close)
         extra: dict[str, Any] = {REPORTS_KEY: reports.address}
         if plan.files is not None:
-            extra["shared_storage_path"] = str(Path(plan.files).resolve())
+            extra.update(shared_storage_path=str(Path(plan.files).resolve()), files_ttl_s=plan.files_ttl,
+                         files_max_bytes=plan.files_max_bytes)
         pipeline = stack.enter_context(_pipeline(plan, logs)) if plan.output is not None else None
         if pipeline is not None:
             extra[EXTRA_CONFIG_KEY] = pipeline.connector_config(plan)

@@ -149,7 +149,8 @@ class ConnectorConfig(StrictModel):
         return self
 
 
-FILES_KEYS = ("shared_storage_path", "allow_custom_save_path", "num_writer_threads", "max_pending_file_bytes")
+FILES_KEYS = ("shared_storage_path", "allow_custom_save_path", "num_writer_threads", "max_pending_file_bytes",
+              "files_ttl_s", "files_max_bytes")
 """The keys of :class:`FilesConfig`, read from the top level of
 ``kv_connector_extra_config``, where vLLM's own hidden-states connector reads
 the first three."""
@@ -183,6 +184,12 @@ class FilesConfig(StrictModel):
     """Raw hidden-state bytes gathered but not yet written; finished requests
     beyond it wait in vLLM's cache (their blocks stay pinned), as the Kafka
     side's ``max_inflight_bytes`` does."""
+    files_ttl_s: float | None = Field(default=None, gt=0)
+    """Files no reader deleted are deleted this long after they were written
+    (their lock files too); unset: kept until someone deletes them."""
+    files_max_bytes: int | None = Field(default=None, ge=1 << 20)
+    """Bytes of files kept at most: a file that would pass it is not written
+    (the capture is refused and counted, the request answered); unset: no bound."""
 
 
 class ServedParams(StrictModel):

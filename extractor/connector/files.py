@@ -26,6 +26,11 @@ The protocol for one request, on tensor-parallel rank 0 only:
 Memory: rows gathered but not yet written are bounded by
 ``max_pending_file_bytes``; past it the connector leaves finished requests in
 vLLM's cache (their blocks pinned), as the Kafka side does with its budget.
+
+Disk: a sweeper thread (:class:`FileSweeper`) follows the files on disk (this
+server's, and those it found under the root at start): it deletes those older
+than ``files_ttl_s`` that no reader deleted, and keeps their total under
+``files_max_bytes``, which a write would pass only by being refused.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +73,7 @@ class FileWriter:
     def __init__(self, config: FilesConfig, report: Callable[[FileReport], None] | None = None) -> None:
         self._config = config
         self._report = report
+        self._sweeper = FileSweeper(config)
         self._pool = ThreadPoolExecutor(config.num_writer_threads, thread_name_prefix="hsx-file")
         self._lock = threading.Lock()
         self._locks: dict[str, int] = {}
@@ -137,6 +144,7 @@ class FileWriter:
     def close(self) -> None:
         """Finish the writes already submitted, then release every lock still held."""
         self._pool.shutdown(wait=True)
+        self._sweeper.close()
         for path in list(self._locks):
             self.drop(path)
 
@@ -146,7 +154,13 @@ class FileWriter:
             rows = gathered.wait()
             with self._lock:
                 self._copied.add(engine_request_id)
-            self._save(path, rows, token_ids)
+            if not self._sweeper.reserve(nbytes):
+                raise OSError(f"files_max_bytes ({self._config.files_max_bytes:,}) reached: the files readers "
+                              "have not deleted fill it")
+            try:
+                self._save(path, rows, token_ids)
+            finally:
+                self._sweeper.settle(path, nbytes)
         except Exception as exc:  # noqa: BLE001 - a failed file is counted, never an engine failure
             with self._lock:
                 self._copied.add(engine_request_id)  # whatever failed, the blocks go back
@@ -181,3 +195,107 @@ class FileWriter:
         except BaseException:
             temporary.unlink(missing_ok=True)
             raise
+
+
+SWEEP_SECONDS = 5.0
+"""How often the sweeper looks at the files on disk."""
+
+
+class FileSweeper:
+    """The files on disk under one root: their total bytes (for
+    ``files_max_bytes``) and their age (for ``files_ttl_s``). A file a reader
+    deleted leaves the count at the next sweep."""
+
+    def __init__(self, config: FilesConfig) -> None:
+        self._config = config
+        self._lock = threading.Lock()
+        self._files: dict[str, tuple[int, float]] = {}
+        """Path -> (bytes, when written) of every file thought to be on disk."""
+        self._bytes = 0
+        """Of ``_files``, plus the writes reserved and not yet settled."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if config.files_ttl_s is None and config.files_max_bytes is None:
+            return
+        for entry in Path(config.shared_storage_path).glob("*.safetensors") if Path(
+                config.shared_storage_path).is_dir() else ():
+            with suppress(OSError):
+                stat = entry.stat()
+                self._files[str(entry)] = (stat.st_size, stat.st_mtime)
+                self._bytes += stat.st_size
+        self._thread = threading.Thread(target=self._run, name="hsx-file-sweeper", daemon=True)
+        self._thread.start()
+
+    def reserve(self, nbytes: int) -> bool:
+        """Room for a file of about ``nbytes``: counted until :meth:`settle`;
+        ``False`` when it would pass ``files_max_bytes``."""
+        with self._lock:
+            limit = self._config.files_max_bytes
+            if limit is not None and self._bytes + nbytes > limit:
+                return False
+            self._bytes += nbytes
+            return True
+
+    def settle(self, path: str, reserved: int) -> None:
+        """The write of ``path`` ended (a file there, or none): count what is on disk."""
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            size = None
+        with self._lock:
+            self._bytes -= reserved
+            if size is not None and self._thread is not None:
+                self._files[path] = (size, time.time())
+                self._bytes += size
+
+    @property
+    def bytes(self) -> int:
+        with self._lock:
+            return self._bytes
+
+    def sweep(self, now: float | None = None) -> None:
+        """Forget files readers deleted; delete those past ``files_ttl_s``."""
+        now = time.time() if now is None else now
+        ttl = self._config.files_ttl_s
+        with self._lock:
+            files = list(self._files.items())
+        gone = []
+        for path, (_size, written) in files:
+            if ttl is not None and now - written > ttl:
+                with suppress(FileNotFoundError):
+                    os.unlink(path)
+                _unlink_unheld_lock(path)
+                gone.append(path)
+            elif not os.path.exists(path):
+                gone.append(path)
+        with self._lock:
+            for path in gone:
+                size, _ = self._files.pop(path, (0, 0.0))
+                self._bytes -= size
+
+    def _run(self) -> None:
+        while not self._stop.wait(SWEEP_SECONDS):
+            try:
+                self.sweep()
+            except Exception:  # noqa: BLE001 - the sweeper must outlive one bad file
+                log.exception("sweeping %s failed", self._config.shared_storage_path)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+
+def _unlink_unheld_lock(path: str) -> None:
+    """Remove ``<path>.lock`` unless someone holds it (a reader mid-read)."""
+    try:
+        fd = os.open(path + LOCK_SUFFIX, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.unlink(path + LOCK_SUFFIX)
+    except (BlockingIOError, FileNotFoundError):
+        pass
+    finally:
+        os.close(fd)

@@ -158,3 +158,38 @@ def test_pending_bytes_are_bounded_but_one_request_always_fits(tmp_path: Path) -
     gate.set()
     writer.close()
     assert writer.has_room(1 << 20)
+
+
+def test_files_past_their_ttl_are_swept_with_their_unheld_locks(tmp_path: Path) -> None:
+    writer = FileWriter(FilesConfig(shared_storage_path=str(tmp_path), files_ttl_s=60))
+    for name in ("a", "b"):
+        path = str(tmp_path / f"{name}.safetensors")
+        writer.hold(path)
+        writer.write(name, path, Gathered(torch.zeros(4, 1, 8)), [1, 2, 3, 4])
+    writer.close()
+    os.unlink(tmp_path / "b.safetensors")  # a reader took b
+    sweeper = writer._sweeper
+    sweeper.sweep()
+    assert sweeper.bytes == (tmp_path / "a.safetensors").stat().st_size
+    with open(tmp_path / "a.safetensors.lock") as reader:  # a reader mid-read keeps its lock file
+        fcntl.flock(reader, fcntl.LOCK_SH)
+        sweeper.sweep(now=time.time() + 61)
+    assert not (tmp_path / "a.safetensors").exists() and (tmp_path / "a.safetensors.lock").exists()
+    assert sweeper.bytes == 0
+
+
+def test_a_file_past_the_byte_bound_is_refused_not_written(tmp_path: Path) -> None:
+    reports: list[object] = []
+    config = FilesConfig(shared_storage_path=str(tmp_path), files_max_bytes=1 << 20, num_writer_threads=1)
+    (tmp_path / "old.safetensors").write_bytes(b"x" * 700_000)  # a previous run's, found at start
+    writer = FileWriter(config, reports.append)
+    for name in ("fits", "over"):
+        path = str(tmp_path / f"{name}.safetensors")
+        writer.hold(path)
+        writer.write(name, path, Gathered(torch.zeros(1, 1, 50_000)), [1])  # 200 KB each
+    writer.close()
+    assert (tmp_path / "fits.safetensors").exists()
+    assert not (tmp_path / "over.safetensors").exists() and not (tmp_path / "over.safetensors.lock").exists()
+    ok, refused = reports
+    assert ok.ok and not refused.ok and "files_max_bytes" in refused.error  # type: ignore[attr-defined]
+    assert writer.take_copied() == {"fits", "over"}  # refused captures give their blocks back too
