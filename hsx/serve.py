@@ -5,7 +5,8 @@ response's hidden states as a file (``--shared-storage-path``), in a dataset
 
 1. Check the arguments (model, layers, where captures go) before anything starts.
 2. With ``--output``: the broker (``--bootstrap`` or ``HSX_KAFKA_BOOTSTRAP``, else
-   the embedded one), topics, and an ``hsx sink`` child writing the dataset.
+   the embedded one), topics, and an ``hsx sink`` child writing the dataset. With
+   ``--no-sink`` instead: the cluster's blocks topic, for the sinks it already has.
 3. The report channel (:mod:`hsx.serve_reports`): the connector reports every
    capture here; hsx's metrics (``--metrics-port``) and the summary count them.
 4. vLLM's server as a child process (``python -m
@@ -49,7 +50,7 @@ from hsx.runtime.checks import integer, model_dir, number, writable_dir
 from hsx.runtime.errors import ExitCode, UsageError
 from hsx.runtime.health import HealthServer
 from hsx.runtime.kafka import ensure_topics
-from hsx.runtime.settings import KafkaSettings, from_args
+from hsx.runtime.settings import KafkaSettings, TopicSettings, from_args
 from hsx.schemas import Codec
 from hsx.schemas.connector import EXTRA_CONFIG_KEY, REPORTS_KEY
 from hsx.schemas.dataset_codec import DatasetCodec
@@ -86,6 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                            "s3://BUCKET/PREFIX; the response's kv_transfer_params.sample_id names it")
     captures.add_argument("--bootstrap", help="a Kafka cluster for --output (env HSX_KAFKA_BOOTSTRAP; default: an "
                                               "embedded broker and an hsx sink started here)")
+    captures.add_argument("--no-sink", action="store_true",
+                          help="send to the cluster's blocks topic (HSX_TOPIC_BLOCKS) for the hsx sinks consuming it, "
+                               "instead of starting a sink for --output (a deployment: k8s/components/serving)")
     captures.add_argument("--dataset-codec", choices=[c.value for c in DatasetCodec], default=DatasetCodec.RAW.value,
                           help="how shards store hidden states, as hsx sink --dataset-codec (default raw)")
     captures.add_argument("--inline", action="store_true",
@@ -107,10 +111,18 @@ class ServePlan:
     files_max_bytes: int
     output: str | None
     bootstrap: str | None
+    own_sink: bool
+    """Whether the dataset side starts a sink of its own (``--output``) or only
+    sends to the cluster's sinks (``--no-sink``)."""
     dataset_codec: DatasetCodec
     inline: bool
     model_name: str | None
     api_key: str | None
+
+    @property
+    def sends(self) -> bool:
+        """Whether responses' hidden states go to Kafka (the dataset side)."""
+        return self.output is not None or not self.own_sink
 
     @property
     def staging(self) -> str | None:
@@ -128,8 +140,12 @@ class ServePlan:
 
 def plan_from_args(args: argparse.Namespace) -> ServePlan:
     """Step 1: every local argument checked; ``UsageError`` in one line."""
-    if args.shared_storage_path is None and args.output is None:
+    if args.shared_storage_path is None and args.output is None and not args.no_sink:
         raise UsageError("give --shared-storage-path DIR (a file per response), --output DATASET, or both")
+    if args.no_sink and args.output is not None:
+        raise UsageError("--no-sink sends to the cluster's sinks, which write their own dataset: drop --output")
+    if args.no_sink and not (args.bootstrap or os.environ.get("HSX_KAFKA_BOOTSTRAP")):
+        raise UsageError("--no-sink needs the cluster: --bootstrap or HSX_KAFKA_BOOTSTRAP")
     check_layout(args)
     model_dir("--model", Path(args.model))
     _config, layers = model_and_layers(args)
@@ -142,7 +158,7 @@ def plan_from_args(args: argparse.Namespace) -> ServePlan:
                      metrics_port=args.metrics_port if args.metrics_port is not None else args.port + 1,
                      shutdown_timeout=args.shutdown_timeout, files=args.shared_storage_path,
                      files_ttl=args.files_ttl, files_max_bytes=args.files_max_bytes, output=args.output,
-                     bootstrap=args.bootstrap, dataset_codec=DatasetCodec(args.dataset_codec), inline=args.inline,
+                     bootstrap=args.bootstrap, own_sink=not args.no_sink, dataset_codec=DatasetCodec(args.dataset_codec), inline=args.inline,
                      model_name=args.model_name, api_key=args.api_key or os.environ.get("VLLM_API_KEY"))
 
 
@@ -193,7 +209,7 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
         if plan.files is not None:
             extra.update(shared_storage_path=str(Path(plan.files).resolve()), files_ttl_s=plan.files_ttl,
                          files_max_bytes=plan.files_max_bytes)
-        pipeline = stack.enter_context(_pipeline(plan, logs)) if plan.output is not None else None
+        pipeline = stack.enter_context(_pipeline(plan, logs)) if plan.sends else None
         if pipeline is not None:
             extra[EXTRA_CONFIG_KEY] = pipeline.connector_config(plan)
         metrics = HealthServer(plan.metrics_port, ready=lambda: (True, "ok"), host=plan.host).start()
@@ -261,13 +277,19 @@ def _stop_server(server: HsxService, plan: ServePlan) -> list[str]:
 
 
 class _Pipeline:
-    """The dataset side: a broker's topics and the sink writing ``--output``."""
+    """The dataset side: a broker's topics and the sink writing ``--output`` (or,
+    with ``--no-sink``, the cluster's blocks topic alone)."""
 
     def __init__(self, bootstrap: str, plan: ServePlan, logs: Path) -> None:
-        assert plan.output is not None
         self.kafka = KafkaSettings(bootstrap=bootstrap)
-        self.topic_settings = run_topics(partitions=2)
+        self.topic_settings = run_topics(partitions=2) if plan.own_sink else TopicSettings()
         self.topics = self.topic_settings.topics()
+        self.sink: HsxService | None = None
+        self.feed: LedgerFeed | None = None
+        self.ledger = Ledger()
+        if plan.output is None:  # --no-sink
+            ensure_topics(self.kafka, self.topic_settings, [self.topics.blocks])
+            return
         ensure_topics(self.kafka, self.topic_settings, [self.topics.blocks, self.topics.blocks_dlq, self.topics.ready,
                                                         self.topics.prompts_dlq])
         transport = ["--payload-store", plan.staging] if plan.staging else []
@@ -275,7 +297,6 @@ class _Pipeline:
                                                     SINK_FLUSH_WHEN_IDLE, "--dataset-codec", plan.dataset_codec.value,
                                                     *transport, group=f"hsx-serve-{uuid.uuid4().hex[:8]}-sink",
                                                     session_timeout_ms=STEADY_SESSION_TIMEOUT_MS), logs).start()
-        self.ledger = Ledger()
         self.feed = LedgerFeed(self.kafka, self.topics, self.ledger)
 
     def connector_config(self, plan: ServePlan) -> dict[str, Any]:
@@ -293,6 +314,8 @@ class _Pipeline:
     def wait_announced(self, sent: set[str]) -> set[str]:
         """Step 6, the sink's part: the acknowledged samples it has not announced
         within :data:`ANNOUNCE_SECONDS` (or before it exited)."""
+        if self.sink is None or self.feed is None:
+            return set()  # the cluster's sinks announce them
         self.ledger.published = set(sent)
         deadline = time.monotonic() + ANNOUNCE_SECONDS
         while self.ledger.missing and time.monotonic() < deadline and self.sink.exited() is None:
@@ -300,6 +323,8 @@ class _Pipeline:
         return self.ledger.missing
 
     def stop(self) -> list[str]:
+        if self.sink is None or self.feed is None:
+            return []
         self.feed.close()
         status = self.sink.stop(timeout=300) if self.sink.exited() is None else self.sink.exited()
         return [] if status == 0 else [f"sink exited with {status} (log: {self.sink.log_path()})"]
@@ -312,15 +337,15 @@ def _pipeline(plan: ServePlan, logs: Path) -> Iterator[_Pipeline]:
         try:
             yield pipeline
         finally:
-            if pipeline.sink.exited() is None:
+            if pipeline.sink is not None and pipeline.sink.exited() is None:
                 pipeline.sink.kill()
 
 
 def _rows(plan: ServePlan, files: Tally, samples: Tally, missing: set[str], seconds: float) -> list[tuple[str, str]]:
     """The summary table's rows."""
     rows = [("served for", f"{seconds:,.0f} s")]
-    for name, tally, on in (("files", files, plan.files), ("samples", samples, plan.output)):
-        if on is None:
+    for name, tally, on in (("files", files, plan.files is not None), ("samples", samples, plan.sends)):
+        if not on:
             continue
         p50, p99 = tally.lag_quantile(0.5), tally.lag_quantile(0.99)
         rows += [(f"{name} captured", f"{tally.ok:,} ({tally.raw_bytes:,} raw bytes)"),

@@ -1,0 +1,160 @@
+"""vLLM's OpenAI server with and without capture, under vLLM's own load generator
+(``vllm bench serve``'s code: ``vllm.benchmarks.serve``), in one run on one machine.
+
+Arms, each a server started in turn with the same engine flags:
+
+* ``plain``: vLLM's server with ``extract_hidden_states`` off (no capture);
+* ``files``: the seed's command with HsxConnector and ``shared_storage_path`` (a
+  file per response);
+* ``kafka``: the connector's Kafka side by reference (a staging directory) and an
+  ``hsx sink`` writing a raw dataset: what ``hsx serve --output`` runs, with
+  files too (``hsx serve``'s usual case).
+
+Each arm runs the random dataset (fixed seed) at concurrency 1, 8 and 32. Per arm
+and concurrency: requests/s, output tokens/s, TTFT p50/p99 (vLLM's figures), capture
+lag p50/p99 (from the connector's own report of each capture: the response's end
+to the file complete or the sample acknowledged by Kafka; the bench receives the
+reports as ``hsx serve`` does) and CPU-seconds of the server's process tree per GB
+of hidden states captured. Ratios to ``plain`` at the same concurrency are the
+figures to read; absolute numbers on a shared 2-core machine are noise.
+
+    python -m bench.serve [--quick] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.section import emit, parser
+from hsx import models
+from hsx.extractor.engine import kv_transfer_config, speculative_config
+from hsx.local.broker import EmbeddedBroker, free_port
+from hsx.local.commands import STEADY_SESSION_TIMEOUT_MS, sink_command
+from hsx.local.spawn import HsxService, cpu_engine_env
+from hsx.local.topics import fresh_topics
+from hsx.runtime.settings import KafkaSettings
+from hsx.schemas.connector import REPORTS_KEY
+from hsx.serve import SERVER
+from hsx.serve_reports import ReportReceiver, Tally
+
+MODEL = "smollm2-135m-instruct"
+LAYERS = [2, 15, 27, 30]
+CONCURRENCY = [1, 8, 32]
+INPUT_LEN, OUTPUT_LEN = 256, 16
+ARMS = ["plain", "files", "kafka"]
+
+
+def _server(name: str, model: Path, extra: dict[str, Any] | None, work: Path) -> HsxService:
+    args = ["--model", str(model), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
+            "--host", "127.0.0.1", "--disable-log-stats"]
+    if extra is not None:
+        args += ["--speculative-config", json.dumps(speculative_config(LAYERS)),
+                 "--kv-transfer-config", json.dumps(kv_transfer_config(extra))]
+    env = cpu_engine_env(VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND="0-1")
+    return HsxService(name, args, work, env=env, module=SERVER, port_flag="--port", ready_path="/health")
+
+
+def _load(url: str, model: Path, concurrency: int, prompts: int) -> dict[str, Any]:
+    """One run of vLLM's load generator; its result dict."""
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    args = add_cli_args(FlexibleArgumentParser()).parse_args([
+        "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions", "--model", str(model),
+        "--dataset-name", "random", "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
+        "--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--seed", "0", "--ignore-eos",
+        "--percentile-metrics", "ttft,tpot,e2el", "--metric-percentiles", "50,99", "--disable-tqdm"])
+    return main(args)  # type: ignore[no-any-return]
+
+
+def _cpu_seconds(service: HsxService) -> float:
+    return service.cpu_seconds()
+
+
+def run_arm(arm: str, model: Path, work: Path, prompts: dict[int, int], bootstrap: str) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    reports = ReportReceiver(work) if arm != "plain" else None
+    extra: dict[str, Any] | None = None
+    sink: HsxService | None = None
+    if arm != "plain":
+        assert reports is not None
+        extra = {"shared_storage_path": str(work / "files"), REPORTS_KEY: reports.address}
+    if arm == "kafka":
+        assert extra is not None
+        topics = fresh_topics(KafkaSettings(bootstrap=bootstrap), partitions=2)
+        extra["hsx"] = {"bootstrap": bootstrap, "blocks_topic": topics.blocks, "payload_store": str(work / "staging"),
+                        "codec": "none"}
+        sink = HsxService("sink", sink_command(bootstrap, topics, work / "dataset", "--flush-when-idle", "1",
+                                               "--payload-store", str(work / "staging"),
+                                               session_timeout_ms=STEADY_SESSION_TIMEOUT_MS), work).start()
+    server = _server(arm, model, extra, work)
+    with server:
+        server.wait_ready(timeout=900)
+        url = f"http://127.0.0.1:{server.port}"
+        for concurrency, count in prompts.items():
+            before_cpu = _cpu_seconds(server)
+            if reports is not None:
+                reports.files, reports.samples = Tally(), Tally()
+            result = _load(url, model, concurrency, count)
+            time.sleep(1.0)  # the last captures' reports
+            cpu = _cpu_seconds(server) - before_cpu
+            key = f"serve_{arm}_c{concurrency}"
+            figures[f"{key}_requests_per_s"] = round(result["request_throughput"], 3)
+            figures[f"{key}_output_tokens_per_s"] = round(result["output_throughput"], 2)
+            figures[f"{key}_ttft_p50_ms"] = round(result["p50_ttft_ms"], 1)
+            figures[f"{key}_ttft_p99_ms"] = round(result["p99_ttft_ms"], 1)
+            figures[f"{key}_completed"] = result["completed"]
+            figures[f"{key}_server_cpu_s"] = round(cpu, 2)
+            if reports is not None:
+                tally = reports.samples if arm == "kafka" else reports.files
+                for name, q in (("p50", 0.5), ("p99", 0.99)):
+                    lag = tally.lag_quantile(q)
+                    figures[f"{key}_capture_lag_{name}_s"] = None if lag is None else round(lag, 3)
+                figures[f"{key}_captured"] = tally.ok
+                figures[f"{key}_capture_failed"] = tally.failed
+                gb = tally.raw_bytes / 1e9
+                figures[f"{key}_cpu_s_per_gb"] = round(cpu / gb, 2) if gb else None
+            print(f"[bench.serve] {arm} c={concurrency}: {figures[f'{key}_requests_per_s']} req/s", flush=True)
+    if sink is not None:
+        sink.stop(timeout=120)
+    if reports is not None:
+        reports.close()
+    return figures
+
+
+def main(args: Namespace) -> dict[str, Any]:
+    model = models.prepare(names=[MODEL])[MODEL]
+    prompts = {c: (4 * c if args.quick else max(32, 8 * c)) for c in ([1, 8] if args.quick else CONCURRENCY)}
+    results: dict[str, Any] = {"serve_model": MODEL, "serve_layers": LAYERS, "serve_input_len": INPUT_LEN,
+                               "serve_output_len": OUTPUT_LEN, "serve_prompts": {str(c): n for c, n in prompts.items()}}
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        for arm in ARMS:
+            work = Path(tmp) / arm
+            work.mkdir()
+            results.update(run_arm(arm, model, work, prompts, broker.bootstrap))
+            shutil.rmtree(work, ignore_errors=True)
+    for arm in ("files", "kafka"):
+        for c in prompts:
+            plain = results.get(f"serve_plain_c{c}_requests_per_s")
+            mine = results.get(f"serve_{arm}_c{c}_requests_per_s")
+            if plain and mine:
+                results[f"serve_{arm}_c{c}_vs_plain"] = round(mine / plain, 3)
+    ratios = [v for k, v in results.items() if k.endswith("_vs_plain")]
+    results["serve_capture_vs_plain_min"] = min(ratios) if ratios else None
+    results["serve_capture_lag_p99_c8_s"] = max(
+        (results.get(f"serve_{arm}_c8_capture_lag_p99_s") or 0.0) for arm in ("files", "kafka"))
+    return results
+
+
+if __name__ == "__main__":
+    cli = parser(__doc__).parse_args()
+    psutil.Process().cpu_percent()  # prime psutil's counters
+    emit(main(cli), cli.out)

@@ -1,0 +1,54 @@
+"""``hsx serve``'s arguments, checked before anything starts, and the vLLM
+server command they become: the seed's flags, HsxConnector, nothing secret."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hsx.cli import build_parser
+from hsx.runtime.errors import UsageError
+from hsx.serve import plan_from_args, server_argv
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    directory = tmp_path / "m"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                       "num_hidden_layers": 4, "hidden_size": 128}))
+    (directory / "model.safetensors").write_bytes(b"")  # only its name is checked before the start
+    return directory
+
+
+def _plan(*argv: str) -> object:
+    return plan_from_args(build_parser().parse_args(["serve", *argv]))
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "give --shared-storage-path DIR"),
+    (["--no-sink", "--output", "o"], "--no-sink sends to the cluster's sinks"),
+    (["--no-sink"], "--no-sink needs the cluster"),
+])
+def test_where_captures_go_is_checked_first(model: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str],
+                                            message: str) -> None:
+    monkeypatch.delenv("HSX_KAFKA_BOOTSTRAP", raising=False)
+    with pytest.raises(UsageError, match=message):
+        _plan("--model", str(model), *argv)
+
+
+def test_the_server_gets_the_seeds_flags_and_hsx_connector(model: Path, tmp_path: Path) -> None:
+    plan = _plan("--model", str(model), "--layers", "3,1", "--shared-storage-path", str(tmp_path / "f"),
+                 "--api-key", "s3cret", "--engine-arg", "gpu_memory_utilization=0.5")
+    argv = server_argv(plan, {"shared_storage_path": "/x"})  # type: ignore[arg-type]
+    speculative = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert speculative["method"] == "extract_hidden_states"
+    assert speculative["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3]
+    transfer = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert transfer["kv_connector"] == "HsxConnector" and transfer["kv_connector_module_path"] == "hsx.extractor.connector"
+    assert transfer["kv_connector_extra_config"] == {"shared_storage_path": "/x"}
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "8000"
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.5"
+    assert "s3cret" not in argv  # the key goes through the environment, not the process list
