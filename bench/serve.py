@@ -4,6 +4,8 @@
 Arms, each a server started in turn with the same engine flags:
 
 * ``plain``: vLLM's server with ``extract_hidden_states`` off (no capture);
+* ``stock``: vLLM's own ``ExampleHiddenStatesConnector`` (its CPU port,
+  :mod:`bench.files_connector`: only the device copy differs), a file per response;
 * ``files``: the seed's command with HsxConnector and ``shared_storage_path`` (a
   file per response);
 * ``kafka``: the connector's Kafka side by reference (a staging directory) and an
@@ -49,15 +51,18 @@ MODEL = "smollm2-135m-instruct"
 LAYERS = [2, 15, 27, 30]
 CONCURRENCY = [1, 8, 32]
 INPUT_LEN, OUTPUT_LEN = 256, 16
-ARMS = ["plain", "files", "kafka"]
+ARMS = ["plain", "stock", "files", "kafka"]
 
 
 def _server(name: str, model: Path, extra: dict[str, Any] | None, work: Path) -> HsxService:
     args = ["--model", str(model), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
             "--host", "127.0.0.1", "--disable-log-stats"]
     if extra is not None:
+        transfer = kv_transfer_config(extra)
+        if name == "stock":
+            transfer.update(kv_connector="CpuHiddenStatesFileConnector", kv_connector_module_path="bench.files_connector")
         args += ["--speculative-config", json.dumps(speculative_config(LAYERS)),
-                 "--kv-transfer-config", json.dumps(kv_transfer_config(extra))]
+                 "--kv-transfer-config", json.dumps(transfer)]
     env = cpu_engine_env(VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND="0-1")
     return HsxService(name, args, work, env=env, module=SERVER, port_flag="--port", ready_path="/health")
 
@@ -67,7 +72,9 @@ def _load(url: str, model: Path, concurrency: int, prompts: int) -> dict[str, An
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    args = add_cli_args(FlexibleArgumentParser()).parse_args([
+    cli = FlexibleArgumentParser()
+    add_cli_args(cli)
+    args = cli.parse_args([
         "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions", "--model", str(model),
         "--dataset-name", "random", "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
         "--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--seed", "0", "--ignore-eos",
@@ -81,11 +88,12 @@ def _cpu_seconds(service: HsxService) -> float:
 
 def run_arm(arm: str, model: Path, work: Path, prompts: dict[int, int], bootstrap: str) -> dict[str, Any]:
     figures: dict[str, Any] = {}
-    reports = ReportReceiver(work) if arm != "plain" else None
+    reports = ReportReceiver(work) if arm in ("files", "kafka") else None
     extra: dict[str, Any] | None = None
     sink: HsxService | None = None
-    if arm != "plain":
-        assert reports is not None
+    if arm == "stock":
+        extra = {"shared_storage_path": str(work / "files")}
+    if reports is not None:
         extra = {"shared_storage_path": str(work / "files"), REPORTS_KEY: reports.address}
     if arm == "kafka":
         assert extra is not None
@@ -132,7 +140,7 @@ def run_arm(arm: str, model: Path, work: Path, prompts: dict[int, int], bootstra
 
 def main(args: Namespace) -> dict[str, Any]:
     model = models.prepare(names=[MODEL])[MODEL]
-    prompts = {c: (4 * c if args.quick else max(32, 8 * c)) for c in ([1, 8] if args.quick else CONCURRENCY)}
+    prompts = {c: (4 * c if args.quick else max(16, 4 * c)) for c in ([1, 8] if args.quick else CONCURRENCY)}
     results: dict[str, Any] = {"serve_model": MODEL, "serve_layers": LAYERS, "serve_input_len": INPUT_LEN,
                                "serve_output_len": OUTPUT_LEN, "serve_prompts": {str(c): n for c, n in prompts.items()}}
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
@@ -141,13 +149,17 @@ def main(args: Namespace) -> dict[str, Any]:
             work.mkdir()
             results.update(run_arm(arm, model, work, prompts, broker.bootstrap))
             shutil.rmtree(work, ignore_errors=True)
-    for arm in ("files", "kafka"):
+    for arm in ("stock", "files", "kafka"):
         for c in prompts:
             plain = results.get(f"serve_plain_c{c}_requests_per_s")
             mine = results.get(f"serve_{arm}_c{c}_requests_per_s")
             if plain and mine:
                 results[f"serve_{arm}_c{c}_vs_plain"] = round(mine / plain, 3)
-    ratios = [v for k, v in results.items() if k.endswith("_vs_plain")]
+        for c in prompts:
+            stock, mine = (results.get(f"serve_{a}_c{c}_requests_per_s") for a in ("stock", arm))
+            if arm != "stock" and stock and mine:
+                results[f"serve_{arm}_c{c}_vs_stock"] = round(mine / stock, 3)
+    ratios = [v for k, v in results.items() if k.endswith("_vs_plain") and not k.startswith("serve_stock")]
     results["serve_capture_vs_plain_min"] = min(ratios) if ratios else None
     results["serve_capture_lag_p99_c8_s"] = max(
         (results.get(f"serve_{arm}_c8_capture_lag_p99_s") or 0.0) for arm in ("files", "kafka"))

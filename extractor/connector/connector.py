@@ -11,17 +11,17 @@ vLLM creates one instance per role, in different processes:
   cache blocks; the next ``build_connector_meta`` hands the job to the worker.
 * **Worker side** (the model-runner process: with one rank inside EngineCore (on
   CPU hsx sets that up, :mod:`hsx.extractor.cpu_defaults`), with more a process
-  per rank): ``get_finished`` gathers each job's hidden states
-  with one indexing op (only while the in-flight budget allows; otherwise the
-  blocks simply stay pinned, which is the backpressure), hands them to the
-  :class:`BlockSender`, and reports requests whose records Kafka acknowledged, so
-  vLLM frees their blocks only then.
+  per rank): ``bind_connector_metadata``, before each step's forward pass,
+  gathers each job's hidden states with one indexing op (only while the in-flight
+  budgets allow; otherwise the blocks simply stay pinned, which is the
+  backpressure) and hands them to the :class:`BlockSender` and the file writer;
+  ``get_finished`` reports the requests whose every output has its rows (Kafka:
+  acknowledged), so vLLM frees their blocks only then.
 
 For files, the scheduler side also picks each request's file when it is first
-scheduled (:mod:`hsx.extractor.connector.file_requests`), the worker side takes
-its lock in that step's ``wait_for_save``, and ``request_finished`` names the file
-in the response's ``kv_transfer_params``; a request's blocks go back to vLLM once
-each of its outputs (Kafka, file) has its rows.
+scheduled (:mod:`hsx.extractor.connector.request_options`), the worker side
+takes its lock before that step's forward pass, and ``request_finished`` names
+the file in the response's ``kv_transfer_params``.
 
 Loaded by vLLM through ``kv_transfer_config={"kv_connector": "HsxConnector",
 "kv_connector_module_path": "hsx.extractor.connector", "kv_role": "kv_producer",
@@ -137,6 +137,8 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         self._waiting: deque[SendJob] = deque()
         self._outputs_left: dict[str, int] = {}
         """Per request being sent: how many of its outputs (Kafka, file) still need its blocks."""
+        self._finished: set[str] = set()
+        """Requests whose every output has its rows, not yet reported to vLLM."""
 
     # ==== scheduler side ===============================================================
 
@@ -261,44 +263,48 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         pass  # the dummy draft model already wrote the cache; we read it when a request ends
 
-    def wait_for_save(self) -> None:
-        """Take the locks of this step's new requests' files: the step ends, and
-        with it any response naming them, only after they are held."""
-        if self._writer is not None and self.has_connector_metadata():
-            meta = self._get_connector_metadata()
-            assert isinstance(meta, HsxConnectorMetadata)
-            for path in meta.holds:
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        """Before the step's forward pass: take the locks of the files of newly
+        scheduled requests (the step, and with it any response naming them, ends
+        after that), drop those of aborted ones, and start the captures of the
+        requests that finished, so none waits out this step's forward pass."""
+        super().bind_connector_metadata(connector_metadata)
+        if self._sender is None and self._writer is None:
+            return
+        assert isinstance(connector_metadata, HsxConnectorMetadata)
+        if self._writer is not None:
+            for path in connector_metadata.holds:
                 try:
                     self._writer.hold(path)
                 except OSError as exc:  # a full or unwritable disk: that file is missing, the engine goes on
                     log.error("cannot create the lock of %s: %s", path, exc)
+            for path in connector_metadata.drops:
+                self._writer.drop(path)
+        self._waiting.extend(connector_metadata.sends)
+        self._start_waiting()
+
+    def wait_for_save(self) -> None:
+        pass  # the captures run on threads of their own; nothing is saved within a step
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self._sender is None and self._writer is None:
             return None, None
-        if self.has_connector_metadata():
-            meta = self._get_connector_metadata()
-            assert isinstance(meta, HsxConnectorMetadata)
-            self._waiting.extend(meta.sends)
-            for path in meta.drops:
-                if self._writer is not None:
-                    self._writer.drop(path)
-        finished: set[str] = set()
-        self._start_waiting(finished)
+        self._start_waiting()  # those the budgets held back, if there is room now
         for request_id in (*(self._sender.take_finished() if self._sender else ()),
                            *(self._writer.take_copied() if self._writer else ())):
-            self._output_done(request_id, finished)
+            self._output_done(request_id)
+        finished, self._finished = self._finished, set()
         return finished or None, None
 
-    def _output_done(self, request_id: str, finished: set[str]) -> None:
+    def _output_done(self, request_id: str) -> None:
         """One output of ``request_id`` no longer needs its blocks; with the last
-        one, vLLM may free them."""
+        one, vLLM may free them (the next :meth:`get_finished` says so)."""
         self._outputs_left[request_id] -= 1
         if not self._outputs_left[request_id]:
             del self._outputs_left[request_id]
-            finished.add(request_id)
+            self._finished.add(request_id)
 
-    def _start_waiting(self, finished: set[str]) -> None:
+    def _start_waiting(self) -> None:
         """Gather and submit queued jobs while every budget they need allows: for
         each of its outputs (Kafka, file) a job is gathered once."""
         assert self._cache is not None
@@ -316,7 +322,7 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
                 except Exception as exc:  # noqa: BLE001 - one bad request must not kill the engine
                     self._sender.fail(job, f"{type(exc).__name__}: {exc}")
             if to_file and not self._write_file(job):
-                self._output_done(job.engine_request_id, finished)
+                self._output_done(job.engine_request_id)
 
     def _write_file(self, job: SendJob) -> bool:
         """Hand the job's rows to the file writer; ``False`` when they could not
