@@ -8,7 +8,7 @@ response's hidden states as a file (``--shared-storage-path``), in a dataset
    the embedded one), topics, and an ``hsx sink`` child writing the dataset. With
    ``--no-sink`` instead: the cluster's blocks topic, for the sinks it already has.
 3. The report channel (:mod:`hsx.serve_reports`): the connector reports every
-   capture here; hsx's metrics (``--metrics-port``) and the summary count them.
+   capture here; hsx's metrics (``--health-port``) and the summary count them.
 4. vLLM's server as a child process (``python -m
    vllm.entrypoints.openai.api_server``, the seed's flags built from ours), the
    CPU defaults of ``hsx extract`` in its environment.
@@ -70,8 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s: this machine only)")
     server.add_argument("--port", type=int, default=8000, help="the OpenAI API's port (default %(default)s)")
     server.add_argument("--api-key", help="clients must send it as a bearer token (env VLLM_API_KEY)")
-    server.add_argument("--metrics-port", type=int, default=None,
-                        help="hsx's own Prometheus metrics and probes (default: --port + 1; vLLM's stay on --port)")
+    server.add_argument("--health-port", type=int, default=None,
+                        help="hsx's probes (/healthz; /readyz: vLLM's server answers) and Prometheus metrics "
+                             "(default: --port + 1; vLLM's own stay on --port)")
     server.add_argument("--shutdown-timeout", type=int, default=60,
                         help="seconds requests in flight may take to finish after SIGTERM (default %(default)s)")
     captures = parser.add_argument_group("where hidden states go (one or both)")
@@ -104,7 +105,7 @@ class ServePlan:
     engine: EngineOptions
     host: str
     port: int
-    metrics_port: int
+    health_port: int
     shutdown_timeout: int
     files: str | None
     files_ttl: float
@@ -155,7 +156,7 @@ def plan_from_args(args: argparse.Namespace) -> ServePlan:
         writable_dir("--output", Path(args.output))
     engine = from_args(EngineOptions, args, layer_ids=layers, engine_args=dict(args.engine_arg))
     return ServePlan(engine=engine, host=args.host, port=args.port,
-                     metrics_port=args.metrics_port if args.metrics_port is not None else args.port + 1,
+                     health_port=args.health_port if args.health_port is not None else args.port + 1,
                      shutdown_timeout=args.shutdown_timeout, files=args.shared_storage_path,
                      files_ttl=args.files_ttl, files_max_bytes=args.files_max_bytes, output=args.output,
                      bootstrap=args.bootstrap, own_sink=not args.no_sink, dataset_codec=DatasetCodec(args.dataset_codec), inline=args.inline,
@@ -212,17 +213,17 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
         pipeline = stack.enter_context(_pipeline(plan, logs)) if plan.sends else None
         if pipeline is not None:
             extra[EXTRA_CONFIG_KEY] = pipeline.connector_config(plan)
-        metrics = HealthServer(plan.metrics_port, ready=lambda: (True, "ok"), host=plan.host).start()
-        stack.callback(metrics.stop)
         server = _server(plan, extra, logs)
         stack.callback(lambda: server.exited() is None and server.kill())
+        health = HealthServer(plan.health_port, ready=lambda: _answers(server), host=plan.host).start()
+        stack.callback(health.stop)
         started = time.monotonic()
         if not _wait_ready(server, stop):
             print(f"hsx serve: vLLM's server did not start (exit {server.exited()}); its log: "
                   f"{server.log_path()}\n{server.log_tail()}", file=sys.stderr)
             return ExitCode.FAILED
         print(f"hsx serve: serving {plan.model_name or plan.engine.model} at http://{plan.host}:{plan.port}/v1 "
-              f"(hsx metrics at http://{plan.host}:{metrics.port}/metrics); Ctrl-C to stop", file=sys.stderr,
+              f"(hsx metrics at http://{plan.host}:{health.port}/metrics); Ctrl-C to stop", file=sys.stderr,
               flush=True)
         while not stop.is_set() and server.exited() is None:
             stop.wait(0.5)
@@ -254,6 +255,12 @@ def _server(plan: ServePlan, extra: dict[str, Any], logs: Path) -> HsxService:
                         ready_path="/health")
     server.port = plan.port
     return server.start()
+
+
+def _answers(server: HsxService) -> tuple[bool, str]:
+    """hsx serve's readiness: vLLM's own ``/health``."""
+    ok = server.ready()
+    return ok, "ok" if ok else "vLLM's server does not answer /health"
 
 
 def _wait_ready(server: HsxService, stop: threading.Event, timeout: float = 1800) -> bool:

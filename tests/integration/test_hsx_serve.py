@@ -37,7 +37,7 @@ def test_sigterm_under_load_leaves_every_answered_request_in_the_dataset_once(ka
     port = free_port()
     serve = HsxService("serve", ["serve", "--model", str(model), "--dtype", "float32", "--max-model-len", "1024",
                                  "--enforce-eager", "--layers", ",".join(map(str, LAYERS)), "--port", str(port),
-                                 "--metrics-port", str(free_port()), "--shared-storage-path", str(files),
+                                 "--health-port", str(free_port()), "--shared-storage-path", str(files),
                                  "--output", str(output), "--bootstrap", kafka_bootstrap], tmp_path, health=False,
                        ready_path="/health")
     serve.port = port
@@ -67,7 +67,7 @@ def test_sigterm_under_load_leaves_every_answered_request_in_the_dataset_once(ka
                 deadline = time.monotonic() + 60
                 while len(answered) < 8 and time.monotonic() < deadline:  # load first, then the signal
                     time.sleep(0.2)
-                scraped = metric_sum(serve_metrics_port(serve), "hsx_serve_captures_total")
+                scraped = metric_sum(serve_health_port(serve), "hsx_serve_captures_total")
                 serve.signal(signal.SIGTERM)  # hsx serve's own group: vLLM's server and the sink get it from hsx serve
             finally:
                 stop.set()
@@ -93,8 +93,8 @@ def test_sigterm_under_load_leaves_every_answered_request_in_the_dataset_once(ka
     assert not list(files.glob(".*.tmp"))  # no write was cut off half way
 
 
-def serve_metrics_port(serve: HsxService) -> int:
-    return int(serve.args[serve.args.index("--metrics-port") + 1])
+def serve_health_port(serve: HsxService) -> int:
+    return int(serve.args[serve.args.index("--health-port") + 1])
 
 
 def _row(log: str, name: str) -> str:

@@ -91,10 +91,12 @@ def test_container_arguments_are_real_hsx_commands(manifests: Manifests) -> None
         commands[workload["metadata"]["name"]] = _parse(manifests, container).command
     assert commands["hsx-extractor"] == "extract"
     assert commands["hsx-sink"] == "sink"
+    assert commands.get("hsx-serve", "serve") == "serve"  # components/serving, where an overlay includes it
 
 
 def test_probes_scrape_and_service_use_the_health_port(manifests: Manifests) -> None:
-    for name in ("hsx-extractor", "hsx-sink"):
+    served = [d["metadata"]["name"] for d in manifests.of_kind("Deployment") if d["metadata"]["name"] == "hsx-serve"]
+    for name in ("hsx-extractor", "hsx-sink", *served):
         deployment = manifests.one("Deployment", name)
         container = _container(manifests, name)
         port = _parse(manifests, container).health_port
@@ -179,3 +181,18 @@ def test_prod_extractor_gets_a_gpu_and_dev_none() -> None:
         else:
             assert gpus == 0
             assert "--enforce-eager" in container["args"]
+
+
+def test_the_serving_component_sends_to_the_cluster_sinks(manifests: Manifests) -> None:
+    served = [d for d in manifests.of_kind("Deployment") if d["metadata"]["name"] == "hsx-serve"]
+    assert served or manifests.overlay != "dev", "the dev overlay includes components/serving"
+    for deployment in served:
+        container = _container(manifests, "hsx-serve")
+        args = _parse(manifests, container)
+        assert args.command == "serve" and args.no_sink and args.output is None and args.host == "0.0.0.0"
+        named = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert named["http"] == args.port
+        api = manifests.one("Service", "hsx-serve")["spec"]["ports"][0]
+        assert named[api["targetPort"]] == args.port
+        # vLLM's drain, then the captures' last acknowledgements.
+        assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > args.shutdown_timeout + 60
