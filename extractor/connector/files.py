@@ -21,7 +21,9 @@ The protocol for one request, on tensor-parallel rank 0 only:
 3. A request that finishes without a file (aborted), or whose write fails (a
    full disk), gets :meth:`FileWriter.drop`: its lock file is removed and then
    released, so a waiting reader finds no file rather than a partial one. A failed
-   write is counted and logged with its reason; the engine goes on.
+   write is counted and logged with its reason; the engine goes on. A server
+   killed between a response and its write leaves the lock file alone; the next
+   server on the directory counts, logs and removes it (:func:`orphaned`).
 
 Memory: rows gathered but not yet written are bounded by
 ``max_pending_file_bytes``; past it the connector leaves finished requests in
@@ -82,6 +84,8 @@ class FileWriter:
         self._pending_bytes = 0
         self._pending = 0
         self.stats = FileStats()
+        for path in orphaned(config.shared_storage_path):
+            self.fail(path, "lost: the server that answered the request died before writing its file")
 
     def hold(self, path: str) -> None:
         """Step 1: create ``<path>.lock`` and hold it exclusively until the file is
@@ -284,6 +288,31 @@ class FileSweeper:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
+
+
+def orphaned(root: str) -> list[str]:
+    """Files promised and never written: a lock file no one holds beside no file,
+    left by a server killed between a response and its write (a reader deletes
+    the lock before the file, and a live writer holds its lock). Their lock
+    files are removed."""
+    found = []
+    for lock in Path(root).glob(f"*.safetensors{LOCK_SUFFIX}") if Path(root).is_dir() else ():
+        path = str(lock)[: -len(LOCK_SUFFIX)]
+        if os.path.exists(path):
+            continue
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(lock)
+            found.append(path)
+        except (BlockingIOError, FileNotFoundError):
+            pass  # held: another server sharing the directory is writing it (or a reader took it)
+        finally:
+            os.close(fd)
+    return found
 
 
 def _unlink_unheld_lock(path: str) -> None:

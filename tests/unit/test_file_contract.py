@@ -193,3 +193,20 @@ def test_a_file_past_the_byte_bound_is_refused_not_written(tmp_path: Path) -> No
     ok, refused = reports
     assert ok.ok and not refused.ok and "files_max_bytes" in refused.error  # type: ignore[attr-defined]
     assert writer.take_copied() == {"fits", "over"}  # refused captures give their blocks back too
+
+
+def test_captures_a_dead_server_promised_are_counted_by_the_next(tmp_path: Path) -> None:
+    (tmp_path / "written.safetensors").write_bytes(b"x")
+    (tmp_path / "written.safetensors.lock").touch()  # released: its file was written
+    (tmp_path / "lost.safetensors.lock").touch()  # the server died before writing it
+    held = open(tmp_path / "busy.safetensors.lock", "w")  # another live server's write  # noqa: SIM115
+    fcntl.flock(held, fcntl.LOCK_EX)
+    reports: list[object] = []
+    writer = FileWriter(FilesConfig(shared_storage_path=str(tmp_path)), reports.append)
+    writer.close()
+    held.close()
+    (report,) = reports
+    assert report.path == str(tmp_path / "lost.safetensors") and not report.ok  # type: ignore[attr-defined]
+    assert "died before writing" in report.error and writer.stats.failed == 1  # type: ignore[attr-defined]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["busy.safetensors.lock", "written.safetensors",
+                                                          "written.safetensors.lock"]
