@@ -43,11 +43,17 @@ TARGETS = [
     ("datapath_s3_cpu_s_per_gb_sink", 1.0, "sink CPU-s per GB of hidden states, byteplane-zstd shards by reference "
      "on S3 (at most)"),
     ("datapath_s3_cpu_s_per_gb_path", 2.0, "connector side + sink CPU-s per GB, by reference on S3 (at most)"),
+    ("serve_capture_vs_plain_min", 0.95, "vLLM's server with capture ÷ plain vLLM's server, requests/s, the worst of "
+     "c = 1/8/32, files and Kafka"),
+    ("serve_files_vs_stock_min", 1.0, "served requests/s, HsxConnector's files ÷ vLLM's stock connector's, the worst "
+     "concurrency"),
+    ("serve_capture_lag_p99_c8_s", 2.0, "capture lag p99 at concurrency 8, s: response → file complete or sample "
+     "acknowledged by Kafka (at most)"),
 ]
 
 AT_MOST = {"rss_growth_10_to_100pct", "sink_scale_rss_bytes_per_sample", "sink_scale_load_s",
            "object_store_s3_write_rss_mib", "datapath_s3_kafka_bytes_ratio", "datapath_s3_cpu_s_per_gb_sink",
-           "datapath_s3_cpu_s_per_gb_path"}
+           "datapath_s3_cpu_s_per_gb_path", "serve_capture_lag_p99_c8_s"}
 """Targets that are upper bounds; the others are lower bounds."""
 
 

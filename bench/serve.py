@@ -160,6 +160,8 @@ def main(args: Namespace) -> dict[str, Any]:
             if arm != "stock" and stock and mine:
                 results[f"serve_{arm}_c{c}_vs_stock"] = round(mine / stock, 3)
     ratios = [v for k, v in results.items() if k.endswith("_vs_plain") and not k.startswith("serve_stock")]
+    stock = [v for k, v in results.items() if k.startswith("serve_files_") and k.endswith("_vs_stock")]
+    results["serve_files_vs_stock_min"] = min(stock) if stock else None
     results["serve_capture_vs_plain_min"] = min(ratios) if ratios else None
     results["serve_capture_lag_p99_c8_s"] = max(
         (results.get(f"serve_{arm}_c8_capture_lag_p99_s") or 0.0) for arm in ("files", "kafka"))

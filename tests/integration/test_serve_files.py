@@ -245,3 +245,18 @@ def test_bad_metadata_is_refused_in_the_response_and_nothing_is_captured(server:
         assert set(params) == {"hsx_error"} and reason in params["hsx_error"], params
     assert _files(server.storage) == before
     assert server.service.exited() is None
+
+
+def test_speculators_online_dataset_generates_every_row_through_the_server(server: Server, tmp_path: Path) -> None:
+    rows = [[1, *range(200, 200 + n)] for n in (5, 33)]
+    out = tmp_path / "items.safetensors"
+    run = subprocess.run([str(SPECULATORS_PY), str(Path(__file__).with_name("speculators_online.py")), server.url,
+                          str(tmp_path), json.dumps(rows), str(out)],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    with safe_open(str(out), "pt") as f:
+        for i, row in enumerate(rows):
+            expected = _expected(server, row)  # [T, 3, H]: aux layers 1, 2, then the verifier's last (4, pre-norm)
+            assert f.get_tensor(f"{i}/input_ids").tolist() == row
+            assert max_relative_error(f.get_tensor(f"{i}/hidden_states"), expected[:, :-1].flatten(1)) < TOLERANCE
+            assert max_relative_error(f.get_tensor(f"{i}/verifier_last_hidden_states"), expected[:, -1]) < TOLERANCE
