@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,7 @@ import httpx
 import pytest
 import torch
 from confluent_kafka import Consumer
+from datasets import load_from_disk
 from safetensors import safe_open
 from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import load_hidden_states
 
@@ -36,11 +38,10 @@ from hsx.local.topics import fresh_topics
 from hsx.reference import HFReference, max_relative_error
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import HiddenStatesReady
+from tests.integration.test_speculators import SPECULATORS_PY, run_speculators, tiny_train_flags
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
-ROOT = Path(__file__).resolve().parents[2]
-SPECULATORS_PY = ROOT / ".venv-speculators" / "bin" / "python"
 LAYERS = [4, 1, 2]  # as a user lists them; vLLM stores them sorted, 4 (= num_hidden_layers) pre-norm
 STORED = sorted(LAYERS)
 TOLERANCE = 1e-4
@@ -260,3 +261,27 @@ def test_speculators_online_dataset_generates_every_row_through_the_server(serve
             assert f.get_tensor(f"{i}/input_ids").tolist() == row
             assert max_relative_error(f.get_tensor(f"{i}/hidden_states"), expected[:, :-1].flatten(1)) < TOLERANCE
             assert max_relative_error(f.get_tensor(f"{i}/verifier_last_hidden_states"), expected[:, -1]) < TOLERANCE
+
+
+def test_speculators_train_on_missing_generate_against_the_server(server: Server, tmp_path: Path,
+                                                                   cache_dir: Path) -> None:
+    """A real ``speculators train`` (through hsx.trainer.speculators_cpu, its CPU
+    shim) whose every row's hidden states are missing: each is generated through
+    the server, read through FileTransfer, trained on; and lands in the dataset too."""
+    flags = tiny_train_flags(tmp_path, cache_dir, layers=[1, 2])  # the server stores 1, 2 and 4 (the verifier's last)
+    shutil.rmtree(tmp_path / "export" / "hidden_states")  # nothing cached: every row generated on demand
+    flags[flags.index("--on-missing") + 1] = "generate"
+    rows = [list(r) for r in load_from_disk(str(tmp_path / "export"))["input_ids"]]
+    before = set(open_dataset(server.dataset).request_ids()) if (server.dataset / "index").exists() else set()
+    run_speculators([str(SPECULATORS_PY), "-m", "hsx.trainer.speculators_cpu", *flags, "--vllm-endpoint",
+                     f"{server.url}/v1", "--epochs", "1", "--save-path", str(tmp_path / "trained")], tmp_path)
+    assert json.loads((tmp_path / "trained" / "0" / "config.json").read_text())["draft_vocab_size"] == 200
+    # Every row served once at least (a validation split or a retry may ask again), each one in the dataset.
+    deadline = time.monotonic() + 60
+    while True:
+        dataset = open_dataset(server.dataset)
+        served = [dataset[i]["token_ids"].tolist() for i in set(dataset.request_ids()) - before]
+        if all(row in served for row in rows) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert all(row in served for row in rows), f"{sum(r in served for r in rows)} of {len(rows)} rows in the dataset"
