@@ -555,7 +555,10 @@ SERVE: tuple[Block, ...] = (When("serve_plain_c1_requests_per_s", (
         for arm, what in SERVE_ARMS for c in (1, 8, 32))),
     "`plain` runs no extraction at all, so its ratio also holds the cost of vLLM's `extract_hidden_states` method "
     "(the dummy draft caching every layer id's rows, a decode step carrying two query tokens); `÷ stock` isolates "
-    "what the connectors themselves cost: the same engine, the same file per response.",
+    "what the connectors themselves cost: the same engine, the same file per response. Each arm runs once per "
+    "`make bench`, one after another: on this shared 2-core machine the arms' ratios move by about ±15 % between "
+    "runs (plain's own c = 32 figure fell below its c = 8 one in a run), so a ratio target needs rounds interleaved "
+    "before it can be called met or missed.",
 )),)
 
 REPRODUCE: tuple[Block, ...] = (

@@ -184,7 +184,7 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         params = self._sample_params(request, asked, transfer) if complete else None
         if params is None and file is None:
             return False, response or None
-        capture = params["capture"] if params is not None else asked.capture if asked else "all"
+        capture = params.get("capture", "all") if params is not None else asked.capture if asked else "all"
         self._outbox.append(_send_job(request, block_ids, params, capture, file,
                                       bool(transfer.get(INCLUDE_OUTPUT_KEY))))
         if file is not None:
