@@ -27,8 +27,10 @@ from speculators.train.data import ArrowDataset
 def main() -> None:
     url, work, rows, out = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3]), Path(sys.argv[4])
     data = work / "data"
-    Dataset.from_dict({"input_ids": rows, "loss_mask": [[1] * len(r) for r in rows],
-                       "seq_len": [len(r) for r in rows]}).save_to_disk(str(data))
+    arrow = Dataset.from_dict({"input_ids": rows, "loss_mask": [[1] * len(r) for r in rows],
+                               "seq_len": [len(r) for r in rows]})
+    arrow.set_format(type="torch")  # as speculators' own data generation leaves it (and hsx export)
+    arrow.save_to_disk(str(data))
     dataset = ArrowDataset(max_len=4096, datapath=data, vllm_endpoint=f"{url}/v1", on_missing="generate",
                            hidden_states_dtype=torch.float32)
     tensors = {}

@@ -271,6 +271,8 @@ def test_speculators_train_on_missing_generate_against_the_server(server: Server
     flags = tiny_train_flags(tmp_path, cache_dir, layers=[1, 2])  # the server stores 1, 2 and 4 (the verifier's last)
     shutil.rmtree(tmp_path / "export" / "hidden_states")  # nothing cached: every row generated on demand
     flags[flags.index("--on-missing") + 1] = "generate"
+    # speculators asks the server for the model it names: the server's (the same tiny-llama, wherever it was built).
+    flags[flags.index("--verifier-name-or-path") + 1] = server.model
     rows = [list(r) for r in load_from_disk(str(tmp_path / "export"))["input_ids"]]
     before = set(open_dataset(server.dataset).request_ids()) if (server.dataset / "index").exists() else set()
     run_speculators([str(SPECULATORS_PY), "-m", "hsx.trainer.speculators_cpu", *flags, "--vllm-endpoint",
@@ -284,4 +286,5 @@ def test_speculators_train_on_missing_generate_against_the_server(server: Server
         if all(row in served for row in rows) or time.monotonic() > deadline:
             break
         time.sleep(1)
-    assert all(row in served for row in rows), f"{sum(r in served for r in rows)} of {len(rows)} rows in the dataset"
+    assert all(row in served for row in rows), (f"{sum(r in served for r in rows)} of {len(rows)} rows in the dataset "
+                                                f"of {len(served)} new samples: {rows[0]} vs {served[:2]}")
