@@ -232,7 +232,7 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
         missing = pipeline.wait_announced(reports.sent_samples()) if pipeline is not None else set()
         if pipeline is not None:
             failures += pipeline.stop()
-        print(render(_rows(plan, reports.files, reports.samples, missing, time.monotonic() - started)))
+        print(render(_rows(plan, reports.files, reports.samples, missing, time.monotonic() - started)), flush=True)
         lost = reports.files.failed + reports.samples.failed + len(missing)
         ok = not failures and not lost
         for failure in failures:
