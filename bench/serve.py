@@ -82,10 +82,6 @@ def _load(url: str, model: Path, concurrency: int, prompts: int) -> dict[str, An
     return main(args)  # type: ignore[no-any-return]
 
 
-def _cpu_seconds(service: HsxService) -> float:
-    return service.cpu_seconds()
-
-
 def run_arm(arm: str, model: Path, work: Path, prompts: dict[int, int], bootstrap: str) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     reports = ReportReceiver(work) if arm in ("files", "kafka") else None
@@ -108,12 +104,12 @@ def run_arm(arm: str, model: Path, work: Path, prompts: dict[int, int], bootstra
         server.wait_ready(timeout=900)
         url = f"http://127.0.0.1:{server.port}"
         for concurrency, count in prompts.items():
-            before_cpu = _cpu_seconds(server)
+            before_cpu = server.cpu_seconds()
             if reports is not None:
                 reports.files, reports.samples = Tally(), Tally()
             result = _load(url, model, concurrency, count)
             time.sleep(1.0)  # the last captures' reports
-            cpu = _cpu_seconds(server) - before_cpu
+            cpu = server.cpu_seconds() - before_cpu
             key = f"serve_{arm}_c{concurrency}"
             figures[f"{key}_requests_per_s"] = round(result["request_throughput"], 3)
             figures[f"{key}_output_tokens_per_s"] = round(result["output_throughput"], 2)

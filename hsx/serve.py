@@ -239,7 +239,6 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
             print(f"hsx serve: {failure}", file=sys.stderr)
         print(f"hsx serve: {'stopped' if ok else 'stopped with LOST captures'}", file=sys.stderr)
         return ExitCode.OK if ok else ExitCode.FAILED
-    raise AssertionError("unreachable")  # pragma: no cover - ExitStack does not swallow
 
 
 def _server(plan: ServePlan, extra: dict[str, Any], logs: Path) -> HsxService:
