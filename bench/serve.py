@@ -60,7 +60,8 @@ def _server(name: str, model: Path, extra: dict[str, Any] | None, work: Path) ->
     if extra is not None:
         transfer = kv_transfer_config(extra)
         if name == "stock":
-            transfer.update(kv_connector="CpuHiddenStatesFileConnector", kv_connector_module_path="bench.files_connector")
+            transfer.update(kv_connector="CpuHiddenStatesFileConnector",
+                            kv_connector_module_path="bench.files_connector")
         args += ["--speculative-config", json.dumps(speculative_config(LAYERS)),
                  "--kv-transfer-config", json.dumps(transfer)]
     env = cpu_engine_env(VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND="0-1")

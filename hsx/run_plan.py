@@ -21,6 +21,20 @@ STAGING = "staging"
 """The run's own staging folder's name, beside the dataset."""
 
 
+def own_staging_codec(dataset_codec: DatasetCodec) -> Codec | None:
+    """The wire codec for hidden states staged in a folder of the command's own
+    (``hsx run``, ``hsx serve``) for its own sink: ``none`` for a raw dataset,
+    else ``None`` (the connector's default).
+
+    Why: those staged bytes stay on this machine only until the sink stores
+    them, and for a raw dataset the sink decompresses them at once; with
+    them compressed, the path spent about 1 CPU-second per GB more
+    (``bench.datapath`` with ``--dataset-codec raw``, by reference on a
+    directory, one round each: connector side 1.28 -> 0.80, sink 1.49 ->
+    1.00 CPU-s per GB) for 1.4x the staged bytes."""
+    return Codec.NONE if dataset_codec is DatasetCodec.RAW else None
+
+
 @dataclass
 class RunPlan:
     """Everything a run needs, checked before anything starts."""
@@ -88,13 +102,5 @@ class RunPlan:
 
     @property
     def wire_codec(self) -> Codec | None:
-        """The extractor's ``--codec`` where the run chooses it: ``none`` when it
-        stages in its own folder for a raw dataset, else the extractor's default.
-
-        Why: those staged bytes stay on this machine only until the sink stores
-        them, and for a raw dataset the sink decompresses them at once; with
-        them compressed, the path spent about 1 CPU-second per GB more
-        (``bench.datapath`` with ``--dataset-codec raw``, by reference on a
-        directory, one round each: connector side 1.28 -> 0.80, sink 1.49 ->
-        1.00 CPU-s per GB) for 1.4x the staged bytes."""
-        return Codec.NONE if self.owns_staging and self.dataset_codec is DatasetCodec.RAW else None
+        """The extractor's ``--codec`` where the run chooses it (:func:`own_staging_codec`)."""
+        return own_staging_codec(self.dataset_codec) if self.owns_staging else None

@@ -46,12 +46,12 @@ from hsx.ledger import Ledger, LedgerFeed
 from hsx.local.commands import STEADY_SESSION_TIMEOUT_MS, sink_command
 from hsx.local.spawn import HsxService, ServiceError, cpu_engine_env
 from hsx.run import SINK_FLUSH_WHEN_IDLE, broker, run_topics
+from hsx.run_plan import own_staging_codec
 from hsx.runtime.checks import integer, model_dir, number, writable_dir
 from hsx.runtime.errors import ExitCode, UsageError
 from hsx.runtime.health import HealthServer
 from hsx.runtime.kafka import ensure_topics
 from hsx.runtime.settings import KafkaSettings, TopicSettings, from_args
-from hsx.schemas import Codec
 from hsx.schemas.connector import EXTRA_CONFIG_KEY, REPORTS_KEY
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.serve_reports import ReportReceiver, Tally
@@ -159,7 +159,8 @@ def plan_from_args(args: argparse.Namespace) -> ServePlan:
                      health_port=args.health_port if args.health_port is not None else args.port + 1,
                      shutdown_timeout=args.shutdown_timeout, files=args.shared_storage_path,
                      files_ttl=args.files_ttl, files_max_bytes=args.files_max_bytes, output=args.output,
-                     bootstrap=args.bootstrap, own_sink=not args.no_sink, dataset_codec=DatasetCodec(args.dataset_codec), inline=args.inline,
+                     bootstrap=args.bootstrap, own_sink=not args.no_sink,
+                     dataset_codec=DatasetCodec(args.dataset_codec), inline=args.inline,
                      model_name=args.model_name, api_key=args.api_key or os.environ.get("VLLM_API_KEY"))
 
 
@@ -309,10 +310,9 @@ class _Pipeline:
         """The connector's Kafka side (``kv_connector_extra_config.hsx``)."""
         config: dict[str, Any] = {"bootstrap": self.kafka.bootstrap, "blocks_topic": self.topics.blocks}
         if plan.staging is not None:
-            # Staged on this machine for this sink only, which decompresses them at once for a raw dataset.
             config["payload_store"] = plan.staging
-            if plan.dataset_codec is DatasetCodec.RAW:
-                config["codec"] = Codec.NONE.value
+            if (codec := own_staging_codec(plan.dataset_codec)) is not None:
+                config["codec"] = codec.value
         if plan.model_name:
             config["model"] = plan.model_name
         return config

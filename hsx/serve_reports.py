@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,11 @@ CAPTURE_LAG = Histogram("hsx_serve_capture_lag_seconds",
                         ["output"], buckets=LAG_BUCKETS)
 
 
+LAG_WINDOW = 100_000
+"""Captures whose lags the summary's quantiles are taken over (the latest):
+a server runs for weeks, and its memory stays bounded."""
+
+
 @dataclass
 class Tally:
     """What the reports said so far, by output."""
@@ -40,7 +46,7 @@ class Tally:
     ok: int = 0
     failed: int = 0
     raw_bytes: int = 0
-    lags: list[float] = field(default_factory=list)
+    lags: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_WINDOW))
     errors: list[str] = field(default_factory=list)
     """The first few failures' reasons, for the summary."""
 
@@ -56,6 +62,7 @@ class Tally:
                 self.errors.append(error or "unknown")
 
     def lag_quantile(self, q: float) -> float | None:
+        """The ``q`` quantile of the latest :data:`LAG_WINDOW` captures' lags."""
         if not self.lags:
             return None
         ordered = sorted(self.lags)

@@ -62,7 +62,7 @@ LOCK_SUFFIX = ".lock"
 
 @dataclass
 class FileStats:
-    """What the writer did since it started (read by the server's metrics)."""
+    """What the writer did since it started (``hsx serve`` counts the reports instead)."""
 
     written: int = 0
     written_bytes: int = 0
@@ -295,36 +295,24 @@ def orphaned(root: str) -> list[str]:
     left by a server killed between a response and its write (a reader deletes
     the lock before the file, and a live writer holds its lock). Their lock
     files are removed."""
-    found = []
-    for lock in Path(root).glob(f"*.safetensors{LOCK_SUFFIX}") if Path(root).is_dir() else ():
-        path = str(lock)[: -len(LOCK_SUFFIX)]
-        if os.path.exists(path):
-            continue
-        try:
-            fd = os.open(lock, os.O_RDWR)
-        except FileNotFoundError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.unlink(lock)
-            found.append(path)
-        except (BlockingIOError, FileNotFoundError):
-            pass  # held: another server sharing the directory is writing it (or a reader took it)
-        finally:
-            os.close(fd)
-    return found
+    if not Path(root).is_dir():
+        return []
+    paths = (str(lock)[: -len(LOCK_SUFFIX)] for lock in Path(root).glob(f"*.safetensors{LOCK_SUFFIX}"))
+    return [path for path in paths if not os.path.exists(path) and _unlink_unheld_lock(path)]
 
 
-def _unlink_unheld_lock(path: str) -> None:
-    """Remove ``<path>.lock`` unless someone holds it (a reader mid-read)."""
+def _unlink_unheld_lock(path: str) -> bool:
+    """Remove ``<path>.lock`` unless someone holds it (a writer mid-write, a
+    reader mid-read); whether it was removed here."""
     try:
         fd = os.open(path + LOCK_SUFFIX, os.O_RDWR)
     except FileNotFoundError:
-        return
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.unlink(path + LOCK_SUFFIX)
+        return True
     except (BlockingIOError, FileNotFoundError):
-        pass
+        return False
     finally:
         os.close(fd)

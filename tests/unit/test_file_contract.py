@@ -85,7 +85,8 @@ def test_a_chosen_path_needs_the_operator_and_stays_inside(tmp_path: Path) -> No
     closed = FilesConfig(shared_storage_path=str(tmp_path))
     assert _file(closed, "r", {"hidden_states_path": "mine.safetensors"}) == default
     open_ = FilesConfig(shared_storage_path=str(tmp_path), allow_custom_save_path=True)
-    assert _file(open_, "r", {"hidden_states_path": "sub/mine.safetensors"}) == str(tmp_path / "sub" / "mine.safetensors")
+    inside = _file(open_, "r", {"hidden_states_path": "sub/mine.safetensors"})
+    assert inside == str(tmp_path / "sub" / "mine.safetensors")
     (tmp_path / "link").symlink_to("/tmp")
     for escape in ["/etc/x.safetensors", "../x.safetensors", "link/x.safetensors", "sub/../../x.safetensors",
                    "x.txt", "a\x00.safetensors", 7]:

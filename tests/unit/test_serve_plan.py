@@ -47,7 +47,8 @@ def test_the_server_gets_the_seeds_flags_and_hsx_connector(model: Path, tmp_path
     assert speculative["method"] == "extract_hidden_states"
     assert speculative["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3]
     transfer = json.loads(argv[argv.index("--kv-transfer-config") + 1])
-    assert transfer["kv_connector"] == "HsxConnector" and transfer["kv_connector_module_path"] == "hsx.extractor.connector"
+    assert transfer["kv_connector"] == "HsxConnector"
+    assert transfer["kv_connector_module_path"] == "hsx.extractor.connector"
     assert transfer["kv_connector_extra_config"] == {"shared_storage_path": "/x"}
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "8000"
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.5"
