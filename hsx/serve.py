@@ -26,40 +26,28 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import signal
 import sys
 import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from hsx.dataset.storage import is_object_store
-from hsx.extractor.cli import add_model_arguments, check_layout, model_and_layers
-from hsx.extractor.engine import EngineOptions, kv_transfer_config, speculative_config
-from hsx.ledger import Ledger, LedgerFeed
-from hsx.local.commands import STEADY_SESSION_TIMEOUT_MS, sink_command
+from hsx.extractor.cli import add_model_arguments
+from hsx.extractor.engine import kv_transfer_config, speculative_config
 from hsx.local.spawn import HsxService, ServiceError, cpu_engine_env
-from hsx.run import SINK_FLUSH_WHEN_IDLE, broker, run_topics
-from hsx.run_plan import own_staging_codec
-from hsx.runtime.checks import integer, model_dir, number, writable_dir
-from hsx.runtime.errors import ExitCode, UsageError
+from hsx.runtime.checks import integer, number
+from hsx.runtime.errors import ExitCode
 from hsx.runtime.health import HealthServer
-from hsx.runtime.kafka import ensure_topics
-from hsx.runtime.settings import KafkaSettings, TopicSettings, from_args
 from hsx.schemas.connector import EXTRA_CONFIG_KEY, REPORTS_KEY
 from hsx.schemas.dataset_codec import DatasetCodec
+from hsx.serve_pipeline import dataset_side
+from hsx.serve_plan import ServePlan, plan_from_args
 from hsx.serve_reports import ReportReceiver, Tally
 from hsx.summary import render
 
-ANNOUNCE_SECONDS = 120.0
-"""After the server stopped, how long the sink may take to announce the samples
-Kafka acknowledged before the rest counts as lost."""
 SERVER = "vllm.entrypoints.openai.api_server"
 """vLLM's OpenAI server: the CPU wheel's ``vllm serve`` (whose CLI does not start there)."""
 
@@ -96,72 +84,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     captures.add_argument("--inline", action="store_true",
                           help="hidden states through Kafka as block records (default for an s3:// output; a local "
                                "output stages them in OUTPUT/staging)")
-
-
-@dataclass
-class ServePlan:
-    """What ``hsx serve`` needs, checked before anything starts (step 1)."""
-
-    engine: EngineOptions
-    host: str
-    port: int
-    health_port: int
-    shutdown_timeout: int
-    files: str | None
-    files_ttl: float
-    files_max_bytes: int
-    output: str | None
-    bootstrap: str | None
-    own_sink: bool
-    """Whether the dataset side starts a sink of its own (``--output``) or only
-    sends to the cluster's sinks (``--no-sink``)."""
-    dataset_codec: DatasetCodec
-    inline: bool
-    model_name: str | None
-    api_key: str | None
-
-    @property
-    def sends(self) -> bool:
-        """Whether responses' hidden states go to Kafka (the dataset side)."""
-        return self.output is not None or not self.own_sink
-
-    @property
-    def staging(self) -> str | None:
-        """Where the connector stages hidden states for the sink; ``None``: inline."""
-        if self.output is None or self.inline or is_object_store(self.output):
-            return None
-        return str(Path(self.output) / "staging")
-
-    @property
-    def logs(self) -> Path:
-        if self.output is not None and not is_object_store(self.output):
-            return Path(self.output) / "logs"
-        return Path("hsx-logs") / "serve"
-
-
-def plan_from_args(args: argparse.Namespace) -> ServePlan:
-    """Step 1: every local argument checked; ``UsageError`` in one line."""
-    if args.shared_storage_path is None and args.output is None and not args.no_sink:
-        raise UsageError("give --shared-storage-path DIR (a file per response), --output DATASET, or both")
-    if args.no_sink and args.output is not None:
-        raise UsageError("--no-sink sends to the cluster's sinks, which write their own dataset: drop --output")
-    if args.no_sink and not (args.bootstrap or os.environ.get("HSX_KAFKA_BOOTSTRAP")):
-        raise UsageError("--no-sink needs the cluster: --bootstrap or HSX_KAFKA_BOOTSTRAP")
-    check_layout(args)
-    model_dir("--model", Path(args.model))
-    _config, layers = model_and_layers(args)
-    if args.shared_storage_path is not None:
-        writable_dir("--shared-storage-path", Path(args.shared_storage_path))
-    if args.output is not None and not is_object_store(args.output):
-        writable_dir("--output", Path(args.output))
-    engine = from_args(EngineOptions, args, layer_ids=layers, engine_args=dict(args.engine_arg))
-    return ServePlan(engine=engine, host=args.host, port=args.port,
-                     health_port=args.health_port if args.health_port is not None else args.port + 1,
-                     shutdown_timeout=args.shutdown_timeout, files=args.shared_storage_path,
-                     files_ttl=args.files_ttl, files_max_bytes=args.files_max_bytes, output=args.output,
-                     bootstrap=args.bootstrap, own_sink=not args.no_sink,
-                     dataset_codec=DatasetCodec(args.dataset_codec), inline=args.inline,
-                     model_name=args.model_name, api_key=args.api_key or os.environ.get("VLLM_API_KEY"))
 
 
 def server_argv(plan: ServePlan, extra: dict[str, Any]) -> list[str]:
@@ -211,7 +133,7 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
         if plan.files is not None:
             extra.update(shared_storage_path=str(Path(plan.files).resolve()), files_ttl_s=plan.files_ttl,
                          files_max_bytes=plan.files_max_bytes)
-        pipeline = stack.enter_context(_pipeline(plan, logs)) if plan.sends else None
+        pipeline = stack.enter_context(dataset_side(plan, logs)) if plan.sends else None
         if pipeline is not None:
             extra[EXTRA_CONFIG_KEY] = pipeline.connector_config(plan)
         server = _server(plan, extra, logs)
@@ -281,70 +203,6 @@ def _stop_server(server: HsxService, plan: ServePlan) -> list[str]:
     except ServiceError as exc:
         return [str(exc).splitlines()[0]]
     return [] if status == 0 else [f"vLLM's server exited with {status} on SIGTERM (log: {server.log_path()})"]
-
-
-class _Pipeline:
-    """The dataset side: a broker's topics and the sink writing ``--output`` (or,
-    with ``--no-sink``, the cluster's blocks topic alone)."""
-
-    def __init__(self, bootstrap: str, plan: ServePlan, logs: Path) -> None:
-        self.kafka = KafkaSettings(bootstrap=bootstrap)
-        self.topic_settings = run_topics(partitions=2) if plan.own_sink else TopicSettings()
-        self.topics = self.topic_settings.topics()
-        self.sink: HsxService | None = None
-        self.feed: LedgerFeed | None = None
-        self.ledger = Ledger()
-        if plan.output is None:  # --no-sink
-            ensure_topics(self.kafka, self.topic_settings, [self.topics.blocks])
-            return
-        ensure_topics(self.kafka, self.topic_settings, [self.topics.blocks, self.topics.blocks_dlq, self.topics.ready,
-                                                        self.topics.prompts_dlq])
-        transport = ["--payload-store", plan.staging] if plan.staging else []
-        self.sink = HsxService("sink", sink_command(bootstrap, self.topic_settings, plan.output, "--flush-when-idle",
-                                                    SINK_FLUSH_WHEN_IDLE, "--dataset-codec", plan.dataset_codec.value,
-                                                    *transport, group=f"hsx-serve-{uuid.uuid4().hex[:8]}-sink",
-                                                    session_timeout_ms=STEADY_SESSION_TIMEOUT_MS), logs).start()
-        self.feed = LedgerFeed(self.kafka, self.topics, self.ledger)
-
-    def connector_config(self, plan: ServePlan) -> dict[str, Any]:
-        """The connector's Kafka side (``kv_connector_extra_config.hsx``)."""
-        config: dict[str, Any] = {"bootstrap": self.kafka.bootstrap, "blocks_topic": self.topics.blocks}
-        if plan.staging is not None:
-            config["payload_store"] = plan.staging
-            if (codec := own_staging_codec(plan.dataset_codec)) is not None:
-                config["codec"] = codec.value
-        if plan.model_name:
-            config["model"] = plan.model_name
-        return config
-
-    def wait_announced(self, sent: set[str]) -> set[str]:
-        """Step 6, the sink's part: the acknowledged samples it has not announced
-        within :data:`ANNOUNCE_SECONDS` (or before it exited)."""
-        if self.sink is None or self.feed is None:
-            return set()  # the cluster's sinks announce them
-        self.ledger.published = set(sent)
-        deadline = time.monotonic() + ANNOUNCE_SECONDS
-        while self.ledger.missing and time.monotonic() < deadline and self.sink.exited() is None:
-            self.feed.poll(0.5)
-        return self.ledger.missing
-
-    def stop(self) -> list[str]:
-        if self.sink is None or self.feed is None:
-            return []
-        self.feed.close()
-        status = self.sink.stop(timeout=300) if self.sink.exited() is None else self.sink.exited()
-        return [] if status == 0 else [f"sink exited with {status} (log: {self.sink.log_path()})"]
-
-
-@contextmanager
-def _pipeline(plan: ServePlan, logs: Path) -> Iterator[_Pipeline]:
-    with broker(plan.bootstrap) as bootstrap:
-        pipeline = _Pipeline(bootstrap, plan, logs)
-        try:
-            yield pipeline
-        finally:
-            if pipeline.sink is not None and pipeline.sink.exited() is None:
-                pipeline.sink.kill()
 
 
 def _rows(plan: ServePlan, files: Tally, samples: Tally, missing: set[str], seconds: float) -> list[tuple[str, str]]:

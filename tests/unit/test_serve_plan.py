@@ -10,7 +10,8 @@ import pytest
 
 from hsx.cli import build_parser
 from hsx.runtime.errors import UsageError
-from hsx.serve import plan_from_args, server_argv
+from hsx.serve import server_argv
+from hsx.serve_plan import plan_from_args
 
 
 @pytest.fixture

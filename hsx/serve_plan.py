@@ -1,0 +1,83 @@
+"""What ``hsx serve`` needs, checked before anything starts (:class:`ServePlan`,
+step 1 of :mod:`hsx.serve`), and where it puts what it stages and logs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from hsx.dataset.storage import is_object_store
+from hsx.extractor.cli import check_layout, model_and_layers
+from hsx.extractor.engine import EngineOptions
+from hsx.runtime.checks import model_dir, writable_dir
+from hsx.runtime.errors import UsageError
+from hsx.runtime.settings import from_args
+from hsx.schemas.dataset_codec import DatasetCodec
+
+
+@dataclass
+class ServePlan:
+    """What ``hsx serve`` needs, checked before anything starts (step 1)."""
+
+    engine: EngineOptions
+    host: str
+    port: int
+    health_port: int
+    shutdown_timeout: int
+    files: str | None
+    files_ttl: float
+    files_max_bytes: int
+    output: str | None
+    bootstrap: str | None
+    own_sink: bool
+    """Whether the dataset side starts a sink of its own (``--output``) or only
+    sends to the cluster's sinks (``--no-sink``)."""
+    dataset_codec: DatasetCodec
+    inline: bool
+    model_name: str | None
+    api_key: str | None
+
+    @property
+    def sends(self) -> bool:
+        """Whether responses' hidden states go to Kafka (the dataset side)."""
+        return self.output is not None or not self.own_sink
+
+    @property
+    def staging(self) -> str | None:
+        """Where the connector stages hidden states for the sink; ``None``: inline."""
+        if self.output is None or self.inline or is_object_store(self.output):
+            return None
+        return str(Path(self.output) / "staging")
+
+    @property
+    def logs(self) -> Path:
+        if self.output is not None and not is_object_store(self.output):
+            return Path(self.output) / "logs"
+        return Path("hsx-logs") / "serve"
+
+
+def plan_from_args(args: argparse.Namespace) -> ServePlan:
+    """Step 1: every local argument checked; ``UsageError`` in one line."""
+    if args.shared_storage_path is None and args.output is None and not args.no_sink:
+        raise UsageError("give --shared-storage-path DIR (a file per response), --output DATASET, or both")
+    if args.no_sink and args.output is not None:
+        raise UsageError("--no-sink sends to the cluster's sinks, which write their own dataset: drop --output")
+    if args.no_sink and not (args.bootstrap or os.environ.get("HSX_KAFKA_BOOTSTRAP")):
+        raise UsageError("--no-sink needs the cluster: --bootstrap or HSX_KAFKA_BOOTSTRAP")
+    check_layout(args)
+    model_dir("--model", Path(args.model))
+    _config, layers = model_and_layers(args)
+    if args.shared_storage_path is not None:
+        writable_dir("--shared-storage-path", Path(args.shared_storage_path))
+    if args.output is not None and not is_object_store(args.output):
+        writable_dir("--output", Path(args.output))
+    engine = from_args(EngineOptions, args, layer_ids=layers, engine_args=dict(args.engine_arg))
+    return ServePlan(engine=engine, host=args.host, port=args.port,
+                     health_port=args.health_port if args.health_port is not None else args.port + 1,
+                     shutdown_timeout=args.shutdown_timeout, files=args.shared_storage_path,
+                     files_ttl=args.files_ttl, files_max_bytes=args.files_max_bytes, output=args.output,
+                     bootstrap=args.bootstrap, own_sink=not args.no_sink,
+                     dataset_codec=DatasetCodec(args.dataset_codec), inline=args.inline,
+                     model_name=args.model_name, api_key=args.api_key or os.environ.get("VLLM_API_KEY"))
