@@ -7,6 +7,7 @@ import logging
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from confluent_kafka import Consumer, Message
 
@@ -18,7 +19,17 @@ log = logging.getLogger(__name__)
 
 # A superseded attempt's leftovers are dead-lettered while another attempt of the
 # same request completes: they say nothing about the request's outcome.
-_NOT_TERMINAL = {ErrorClass.SUPERSEDED_ATTEMPT}
+NOT_TERMINAL = {ErrorClass.SUPERSEDED_ATTEMPT}
+
+
+class Outcomes(Protocol):
+    """What a :class:`LedgerFeed` fills: the outcome of each request id it reads."""
+
+    foreign: int
+
+    def record_ready(self, event: HiddenStatesReady) -> None: ...
+
+    def record_dead_letter(self, request_id: str, error_class: ErrorClass) -> None: ...
 
 
 @dataclass
@@ -37,7 +48,7 @@ class Ledger:
         self.ready.setdefault(event.request_id, event)
 
     def record_dead_letter(self, request_id: str, error_class: ErrorClass) -> None:
-        if error_class not in _NOT_TERMINAL:
+        if error_class not in NOT_TERMINAL:
             self.dead.setdefault(request_id, error_class)
 
     @property
@@ -64,9 +75,9 @@ class Ledger:
 
 class LedgerFeed:
     """A throw-away consumer of the ready topic and both dead-letter topics, from
-    their beginning, that fills a :class:`Ledger`."""
+    their beginning, that fills a :class:`Ledger` (or any :class:`Outcomes`)."""
 
-    def __init__(self, kafka: KafkaSettings, topics: Topics, ledger: Ledger) -> None:
+    def __init__(self, kafka: KafkaSettings, topics: Topics, ledger: Outcomes) -> None:
         self.ledger = ledger
         self._topics = topics
         self._consumer = Consumer(consumer_config(kafka, f"hsx-run-ledger-{uuid.uuid4().hex}",
@@ -92,7 +103,7 @@ class LedgerFeed:
         self._consumer.close()
 
 
-def account(ledger: Ledger, topics: Topics, message: Message) -> None:
+def account(ledger: Outcomes, topics: Topics, message: Message) -> None:
     """Record what one message of the ready or a dead-letter topic says of its
     request; ``ValueError`` (a ``ValidationError``, a ``UnicodeDecodeError``) for
     a record no hsx service wrote."""

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -127,13 +128,14 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         private = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hsx-serve-")))
-        reports = ReportReceiver(private)
+        pipeline = stack.enter_context(dataset_side(plan, logs)) if plan.sends else None
+        reports = (ReportReceiver(private, pipeline.announcements.acknowledged) if pipeline is not None
+                   else ReportReceiver(private))
         stack.callback(reports.close)
         extra: dict[str, Any] = {REPORTS_KEY: reports.address}
         if plan.files is not None:
             extra.update(shared_storage_path=str(Path(plan.files).resolve()), files_ttl_s=plan.files_ttl,
                          files_max_bytes=plan.files_max_bytes)
-        pipeline = stack.enter_context(dataset_side(plan, logs)) if plan.sends else None
         if pipeline is not None:
             extra[EXTRA_CONFIG_KEY] = pipeline.connector_config(plan)
         server = _server(plan, extra, logs)
@@ -152,14 +154,18 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
             stop.wait(0.5)
         failures = _stop_server(server, plan)
         reports.close()
-        missing = pipeline.wait_announced(reports.sent_samples()) if pipeline is not None else set()
+        missing = pipeline.wait_announced() if pipeline is not None else set()
+        dead = pipeline.announcements.dead if pipeline is not None else Counter()
         if pipeline is not None:
             failures += pipeline.stop()
-        print(render(_rows(plan, reports.files, reports.samples, missing, time.monotonic() - started)), flush=True)
-        lost = reports.files.failed + reports.samples.failed + len(missing)
+        print(render(_rows(plan, reports.files, reports.samples, missing, dead, time.monotonic() - started)),
+              flush=True)
+        lost = reports.files.failed + reports.samples.failed + len(missing) + dead.total()
         ok = not failures and not lost
         for failure in failures:
             print(f"hsx serve: {failure}", file=sys.stderr)
+        if missing:
+            print(f"hsx serve: samples acknowledged but not announced: {', '.join(sorted(missing))}", file=sys.stderr)
         print(f"hsx serve: {'stopped' if ok else 'stopped with LOST captures'}", file=sys.stderr)
         return ExitCode.OK if ok else ExitCode.FAILED
 
@@ -205,7 +211,8 @@ def _stop_server(server: HsxService, plan: ServePlan) -> list[str]:
     return [] if status == 0 else [f"vLLM's server exited with {status} on SIGTERM (log: {server.log_path()})"]
 
 
-def _rows(plan: ServePlan, files: Tally, samples: Tally, missing: set[str], seconds: float) -> list[tuple[str, str]]:
+def _rows(plan: ServePlan, files: Tally, samples: Tally, missing: set[str], dead: Counter[str],
+          seconds: float) -> list[tuple[str, str]]:
     """The summary table's rows."""
     rows = [("served for", f"{seconds:,.0f} s")]
     for name, tally, on in (("files", files, plan.files is not None), ("samples", samples, plan.sends)):
@@ -216,7 +223,9 @@ def _rows(plan: ServePlan, files: Tally, samples: Tally, missing: set[str], seco
                  (f"{name} lost", f"{tally.failed:,}" + (f": {tally.errors[0]}" if tally.errors else "")),
                  (f"{name} capture lag p50 / p99", "-" if p50 is None else f"{p50:.3f} / {p99:.3f} s")]
     if plan.output is not None:
-        rows += [("samples not announced", f"{len(missing):,}"), ("dataset", plan.output)]
+        rows += [("samples not announced", f"{len(missing):,}"),
+                 ("samples dead-lettered", ", ".join(f"{n:,} {c}" for c, n in sorted(dead.items())) or "0"),
+                 ("dataset", plan.output)]
     if plan.files is not None:
         rows.append(("files in", plan.files))
     return rows

@@ -1,29 +1,85 @@
 """``hsx serve``'s dataset side (step 2 and the sink's part of step 6 of
 :mod:`hsx.serve`): the broker's topics, the sink writing ``--output``, and the
-wait for every acknowledged sample's ready event; with ``--no-sink``, the
-cluster's blocks topic alone."""
+ready events followed while serving, so that the drain waits only for the
+samples still in flight; with ``--no-sink``, the cluster's blocks topic alone."""
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hsx.ledger import Ledger, LedgerFeed
+from hsx.ledger import NOT_TERMINAL, LedgerFeed
 from hsx.local.commands import STEADY_SESSION_TIMEOUT_MS, sink_command
 from hsx.local.spawn import HsxService
 from hsx.run import SINK_FLUSH_WHEN_IDLE, broker, run_topics
 from hsx.run_plan import own_staging_codec
 from hsx.runtime.kafka import ensure_topics
 from hsx.runtime.settings import KafkaSettings, TopicSettings
+from hsx.schemas import ErrorClass, HiddenStatesReady
 from hsx.serve_plan import ServePlan
+
+log = logging.getLogger(__name__)
 
 ANNOUNCE_SECONDS = 120.0
 """After the server stopped, how long the sink may take to announce the samples
 Kafka acknowledged before the rest counts as lost."""
+
+
+class Announcements:
+    """The acknowledged samples the sink has yet to announce. An id is held from
+    its acknowledgement (the connector's report) to its ready event or dead
+    letter, whichever of the two arrives first, so a server that runs for weeks
+    holds only what is in flight. Thread-safe: reports and ready events arrive on
+    threads of their own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: set[str] = set()
+        self._early: set[str] = set()
+        """Announced before the report of its acknowledgement arrived."""
+        self.announced = 0
+        self.dead: Counter[str] = Counter()
+        """Acknowledged samples the sink dead-lettered, by error class: lost."""
+        self.foreign = 0
+
+    def acknowledged(self, sample_id: str) -> None:
+        with self._lock:
+            if sample_id in self._early:
+                self._early.discard(sample_id)
+            else:
+                self._pending.add(sample_id)
+
+    def record_ready(self, event: HiddenStatesReady) -> None:
+        self._settle(event.request_id, None)
+
+    def record_dead_letter(self, request_id: str, error_class: ErrorClass) -> None:
+        if error_class not in NOT_TERMINAL:
+            self._settle(request_id, error_class)
+
+    def _settle(self, sample_id: str, dead: ErrorClass | None) -> None:
+        with self._lock:
+            if sample_id in self._pending:
+                self._pending.discard(sample_id)
+            elif dead is None:
+                self._early.add(sample_id)
+            else:
+                return  # a dead letter for an id not acknowledged: its capture failure was reported already
+            if dead is None:
+                self.announced += 1
+            else:
+                self.dead[dead.value] += 1
+
+    def missing(self) -> set[str]:
+        """Acknowledged, neither announced nor dead-lettered (yet)."""
+        with self._lock:
+            return set(self._pending)
 
 
 class DatasetSide:
@@ -35,8 +91,9 @@ class DatasetSide:
         self.topic_settings = run_topics(partitions=2) if plan.own_sink else TopicSettings()
         self.topics = self.topic_settings.topics()
         self.sink: HsxService | None = None
-        self.feed: LedgerFeed | None = None
-        self.ledger = Ledger()
+        self.announcements = Announcements()
+        self._follower: threading.Thread | None = None
+        self._stop = threading.Event()
         if plan.output is None:  # --no-sink
             ensure_topics(self.kafka, self.topic_settings, [self.topics.blocks])
             return
@@ -47,7 +104,19 @@ class DatasetSide:
                                                     SINK_FLUSH_WHEN_IDLE, "--dataset-codec", plan.dataset_codec.value,
                                                     *transport, group=f"hsx-serve-{uuid.uuid4().hex[:8]}-sink",
                                                     session_timeout_ms=STEADY_SESSION_TIMEOUT_MS), logs).start()
-        self.feed = LedgerFeed(self.kafka, self.topics, self.ledger)
+        feed = LedgerFeed(self.kafka, self.topics, self.announcements)
+        self._follower = threading.Thread(target=self._follow, args=(feed,), name="hsx-serve-ready", daemon=True)
+        self._follower.start()
+
+    def _follow(self, feed: LedgerFeed) -> None:
+        """The ready and dead-letter topics, read as they fill until :meth:`stop`."""
+        try:
+            while not self._stop.is_set():
+                feed.poll(0.5)
+        except Exception:  # KafkaFatal: the drain then counts every sample still in flight as not announced
+            log.exception("following the ready topic failed")
+        finally:
+            feed.close()
 
     def connector_config(self, plan: ServePlan) -> dict[str, Any]:
         """The connector's Kafka side (``kv_connector_extra_config.hsx``)."""
@@ -60,21 +129,24 @@ class DatasetSide:
             config["model"] = plan.model_name
         return config
 
-    def wait_announced(self, sent: set[str]) -> set[str]:
-        """Step 6, the sink's part: the acknowledged samples it has not announced
-        within :data:`ANNOUNCE_SECONDS` (or before it exited)."""
-        if self.sink is None or self.feed is None:
+    def wait_announced(self) -> set[str]:
+        """Step 6, the sink's part (after every report was read): the acknowledged
+        samples it has not announced within :data:`ANNOUNCE_SECONDS` (or before it
+        or the follower of its ready events stopped)."""
+        if self.sink is None or self._follower is None:
             return set()  # the cluster's sinks announce them
-        self.ledger.published = set(sent)
         deadline = time.monotonic() + ANNOUNCE_SECONDS
-        while self.ledger.missing and time.monotonic() < deadline and self.sink.exited() is None:
-            self.feed.poll(0.5)
-        return self.ledger.missing
+        while (self.announcements.missing() and time.monotonic() < deadline and self.sink.exited() is None
+               and self._follower.is_alive()):
+            time.sleep(0.2)
+        return self.announcements.missing()
 
     def stop(self) -> list[str]:
-        if self.sink is None or self.feed is None:
+        self._stop.set()
+        if self._follower is not None:
+            self._follower.join(10)
+        if self.sink is None:
             return []
-        self.feed.close()
         status = self.sink.stop(timeout=300) if self.sink.exited() is None else self.sink.exited()
         return [] if status == 0 else [f"sink exited with {status} (log: {self.sink.log_path()})"]
 

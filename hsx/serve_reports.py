@@ -1,7 +1,8 @@
 """``hsx serve``'s side of the report channel: the connector, inside vLLM's
 engine, pushes a report per capture (a file complete or failed, a sample
 acknowledged by Kafka or failed); this turns them into Prometheus metrics and
-the summary's counts, and remembers which samples the sink has yet to announce.
+the summary's counts, and hands each acknowledged sample's id on (to the wait
+for its ready event).
 
 ZeroMQ PULL on an ``ipc://`` socket, bound here; the connector connects and
 pushes (:class:`hsx.extractor.completion.CompletionSender`).
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,15 +74,15 @@ class Tally:
 class ReportReceiver:
     """Receives the connector's reports on a thread of its own."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, acknowledged: Callable[[str], None] = lambda _: None) -> None:
         self.address = f"ipc://{directory / 'reports.sock'}"
         self._socket = zmq.Context.instance().socket(zmq.PULL)
         self._socket.bind(self.address)
         self._lock = threading.Lock()
         self.files = Tally()
         self.samples = Tally()
-        self.sent: set[str] = set()
-        """Sample ids Kafka acknowledged: each must reach the dataset."""
+        self._acknowledged = acknowledged
+        """Called with each sample id Kafka acknowledged: each must reach the dataset."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._receive, name="hsx-serve-reports", daemon=True)
         self._thread.start()
@@ -100,17 +102,13 @@ class ReportReceiver:
         output, tally = ("file", self.files) if isinstance(report, FileReport) else ("sample", self.samples)
         with self._lock:
             tally.add(report.ok, report.raw_bytes, report.seconds, report.error)
-            if isinstance(report, CompletionReport) and report.ok:
-                self.sent.add(report.request_id)
+        if isinstance(report, CompletionReport) and report.ok:
+            self._acknowledged(report.request_id)
         CAPTURES.labels(output, "ok" if report.ok else "failed").inc()
         if report.ok:
             CAPTURE_BYTES.labels(output).inc(report.raw_bytes)
             if report.seconds is not None:
                 CAPTURE_LAG.labels(output).observe(report.seconds)
-
-    def sent_samples(self) -> set[str]:
-        with self._lock:
-            return set(self.sent)
 
     def close(self) -> None:
         """Read what is still queued, then stop (once; later calls do nothing)."""

@@ -93,7 +93,7 @@ def test_sigterm_under_load_leaves_every_answered_request_in_the_dataset_once(ka
         assert max_relative_error(file["hidden_states"], reference.hidden_states(token_ids, LAYERS)) < 1e-4
     assert _row(log, "samples captured").startswith(f"{len(answered):,} ")
     assert _row(log, "samples lost") == "0" and _row(log, "files lost") == "0"
-    assert _row(log, "samples not announced") == "0"
+    assert _row(log, "samples not announced") == "0" and _row(log, "samples dead-lettered") == "0"
     assert not list(files.glob(".*.tmp"))  # no write was cut off half way
 
 
