@@ -158,16 +158,26 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
         dead = pipeline.announcements.dead if pipeline is not None else Counter()
         if pipeline is not None:
             failures += pipeline.stop()
-        print(render(_rows(plan, reports.files, reports.samples, missing, dead, time.monotonic() - started)),
-              flush=True)
-        lost = reports.files.failed + reports.samples.failed + len(missing) + dead.total()
-        ok = not failures and not lost
-        for failure in failures:
-            print(f"hsx serve: {failure}", file=sys.stderr)
-        if missing:
-            print(f"hsx serve: samples acknowledged but not announced: {', '.join(sorted(missing))}", file=sys.stderr)
-        print(f"hsx serve: {'stopped' if ok else 'stopped with LOST captures'}", file=sys.stderr)
-        return ExitCode.OK if ok else ExitCode.FAILED
+        return _summarize(plan, reports, missing, dead, failures, time.monotonic() - started)
+
+
+def _summarize(plan: ServePlan, reports: ReportReceiver, missing: set[str], dead: Counter[str], failures: list[str],
+               seconds: float) -> int:
+    """Step 7: the summary table, every lost capture named on stderr, the exit status."""
+    print(render(_rows(plan, reports.files, reports.samples, missing, dead, len(reports.earlier), seconds)),
+          flush=True)
+    lost = (reports.files.failed + len(reports.files.lost) + reports.samples.failed + len(reports.samples.lost)
+            + len(missing) + dead.total())
+    for failure in failures:
+        print(f"hsx serve: {failure}", file=sys.stderr)
+    for what, ids in (("files promised, never written (the engine was gone)", reports.files.lost),
+                      ("samples promised, never acknowledged (the engine was gone)", reports.samples.lost),
+                      ("samples acknowledged, never announced", sorted(missing))):
+        if ids:
+            print(f"hsx serve: {what}: {', '.join(ids)}", file=sys.stderr)
+    ok = not failures and not lost
+    print(f"hsx serve: {'stopped' if ok else 'stopped with LOST captures'}", file=sys.stderr)
+    return ExitCode.OK if ok else ExitCode.FAILED
 
 
 def _server(plan: ServePlan, extra: dict[str, Any], logs: Path) -> HsxService:
@@ -211,7 +221,7 @@ def _stop_server(server: HsxService, plan: ServePlan) -> list[str]:
     return [] if status == 0 else [f"vLLM's server exited with {status} on SIGTERM (log: {server.log_path()})"]
 
 
-def _rows(plan: ServePlan, files: Tally, samples: Tally, missing: set[str], dead: Counter[str],
+def _rows(plan: ServePlan, files: Tally, samples: Tally, missing: set[str], dead: Counter[str], earlier: int,
           seconds: float) -> list[tuple[str, str]]:
     """The summary table's rows."""
     rows = [("served for", f"{seconds:,.0f} s")]
@@ -220,12 +230,16 @@ def _rows(plan: ServePlan, files: Tally, samples: Tally, missing: set[str], dead
             continue
         p50, p99 = tally.lag_quantile(0.5), tally.lag_quantile(0.99)
         rows += [(f"{name} captured", f"{tally.ok:,} ({tally.raw_bytes:,} raw bytes)"),
-                 (f"{name} lost", f"{tally.failed:,}" + (f": {tally.errors[0]}" if tally.errors else "")),
+                 (f"{name} lost", f"{tally.failed + len(tally.lost):,}"
+                                  + (f" ({len(tally.lost):,} promised when the engine was gone)" if tally.lost else "")
+                                  + (f": {tally.errors[0]}" if tally.errors else "")),
                  (f"{name} capture lag p50 / p99", "-" if p50 is None else f"{p50:.3f} / {p99:.3f} s")]
     if plan.output is not None:
         rows += [("samples not announced", f"{len(missing):,}"),
                  ("samples dead-lettered", ", ".join(f"{n:,} {c}" for c, n in sorted(dead.items())) or "0"),
                  ("dataset", plan.output)]
     if plan.files is not None:
+        if earlier:
+            rows.append(("files an earlier server lost", f"{earlier:,} (found at the start, their locks removed)"))
         rows.append(("files in", plan.files))
     return rows

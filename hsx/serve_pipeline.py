@@ -24,8 +24,11 @@ from hsx.runtime.kafka import ensure_topics
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import ErrorClass, HiddenStatesReady
 from hsx.serve_plan import ServePlan
+from hsx.serve_reports import InFlight
 
 log = logging.getLogger(__name__)
+
+_ANNOUNCED = "announced"
 
 ANNOUNCE_SECONDS = 120.0
 """After the server stopped, how long the sink may take to announce the samples
@@ -33,53 +36,41 @@ Kafka acknowledged before the rest counts as lost."""
 
 
 class Announcements:
-    """The acknowledged samples the sink has yet to announce. An id is held from
-    its acknowledgement (the connector's report) to its ready event or dead
-    letter, whichever of the two arrives first, so a server that runs for weeks
-    holds only what is in flight. Thread-safe: reports and ready events arrive on
-    threads of their own."""
+    """The acknowledged samples the sink has yet to announce: an id is held from
+    its acknowledgement (the connector's report) to its ready event or dead letter,
+    whichever arrives first (:class:`InFlight`), so a server that runs for weeks
+    holds only what is in flight."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pending: set[str] = set()
-        self._early: set[str] = set()
-        """Announced before the report of its acknowledgement arrived."""
+        self._samples = InFlight()
+        self._lock = threading.Lock()  # acknowledgements and ready events come on two threads
         self.announced = 0
         self.dead: Counter[str] = Counter()
         """Acknowledged samples the sink dead-lettered, by error class: lost."""
         self.foreign = 0
 
     def acknowledged(self, sample_id: str) -> None:
-        with self._lock:
-            if sample_id in self._early:
-                self._early.discard(sample_id)
-            else:
-                self._pending.add(sample_id)
+        if (outcome := self._samples.open(sample_id)) is not None:
+            self._count(outcome)
 
     def record_ready(self, event: HiddenStatesReady) -> None:
-        self._settle(event.request_id, None)
+        if self._samples.close(event.request_id, _ANNOUNCED):
+            self._count(_ANNOUNCED)
 
     def record_dead_letter(self, request_id: str, error_class: ErrorClass) -> None:
-        if error_class not in NOT_TERMINAL:
-            self._settle(request_id, error_class)
+        if error_class not in NOT_TERMINAL and self._samples.close(request_id, error_class.value):
+            self._count(error_class.value)
 
-    def _settle(self, sample_id: str, dead: ErrorClass | None) -> None:
+    def _count(self, outcome: str) -> None:
         with self._lock:
-            if sample_id in self._pending:
-                self._pending.discard(sample_id)
-            elif dead is None:
-                self._early.add(sample_id)
-            else:
-                return  # a dead letter for an id not acknowledged: its capture failure was reported already
-            if dead is None:
+            if outcome == _ANNOUNCED:
                 self.announced += 1
             else:
-                self.dead[dead.value] += 1
+                self.dead[outcome] += 1
 
     def missing(self) -> set[str]:
         """Acknowledged, neither announced nor dead-lettered (yet)."""
-        with self._lock:
-            return set(self._pending)
+        return self._samples.held()
 
 
 class DatasetSide:

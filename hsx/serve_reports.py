@@ -1,8 +1,10 @@
 """``hsx serve``'s side of the report channel: the connector, inside vLLM's
-engine, pushes a report per capture (a file complete or failed, a sample
-acknowledged by Kafka or failed); this turns them into Prometheus metrics and
-the summary's counts, and hands each acknowledged sample's id on (to the wait
-for its ready event).
+engine, pushes a report per promise (a response named a file or a sample) and
+per capture (a file complete or failed, a sample acknowledged by Kafka or
+failed); this turns them into Prometheus metrics and the summary's counts,
+holds each promise until its capture's report (what is still held when the
+engine is gone was lost), and hands each acknowledged sample's id on (to the
+wait for its ready event).
 
 ZeroMQ PULL on an ``ipc://`` socket, bound here; the connector connects and
 pushes (:class:`hsx.extractor.completion.CompletionSender`).
@@ -21,15 +23,18 @@ import zmq
 from prometheus_client import Counter, Histogram
 from pydantic import TypeAdapter, ValidationError
 
-from hsx.schemas.connector import CompletionReport, FileReport
+from hsx.schemas.connector import CompletionReport, FileReport, PromiseReport
 
 log = logging.getLogger(__name__)
 
-_REPORT: TypeAdapter[CompletionReport | FileReport] = TypeAdapter(CompletionReport | FileReport)
+_REPORT: TypeAdapter[CompletionReport | FileReport | PromiseReport] = TypeAdapter(
+    CompletionReport | FileReport | PromiseReport)
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
-CAPTURES = Counter("hsx_serve_captures", "Captures handed on, by output (file, sample) and outcome (ok, failed)",
-                   ["output", "outcome"])
+CAPTURES = Counter("hsx_serve_captures",
+                   "Captures handed on, by output (file, sample) and outcome (ok, failed, lost: promised in a "
+                   "response, then the engine was gone before its capture's report; orphaned: a file an earlier server on "
+                   "the directory promised, found at the start)", ["output", "outcome"])
 CAPTURE_BYTES = Counter("hsx_serve_capture_bytes", "Raw hidden-state bytes of the captures handed on", ["output"])
 CAPTURE_LAG = Histogram("hsx_serve_capture_lag_seconds",
                         "From a request's response to its file complete or its sample acknowledged by Kafka",
@@ -41,6 +46,42 @@ LAG_WINDOW = 100_000
 a server runs for weeks, and its memory stays bounded."""
 
 
+class InFlight:
+    """Ids between two events that may arrive in either order (a promise and its
+    capture's report come from two processes; an acknowledgement and its ready
+    event from two services). An id is held until both were seen, so what is held
+    is what is in flight. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._opened: set[str] = set()
+        self._closed_first: dict[str, str] = {}
+        """Closed before opened, with how (bounded by failures: a close nobody opens
+        is a capture that failed before it was promised)."""
+
+    def open(self, key: str) -> str | None:
+        """The first event: ``None`` (now held), or how it was closed already."""
+        with self._lock:
+            outcome = self._closed_first.pop(key, None)
+            if outcome is None:
+                self._opened.add(key)
+            return outcome
+
+    def close(self, key: str, outcome: str) -> bool:
+        """The second event: whether ``key`` was held (else it is remembered, with
+        ``outcome``, for its :meth:`open`)."""
+        with self._lock:
+            if key in self._opened:
+                self._opened.discard(key)
+                return True
+            self._closed_first.setdefault(key, outcome)
+            return False
+
+    def held(self) -> set[str]:
+        with self._lock:
+            return set(self._opened)
+
+
 @dataclass
 class Tally:
     """What the reports said so far, by output."""
@@ -48,6 +89,10 @@ class Tally:
     ok: int = 0
     failed: int = 0
     raw_bytes: int = 0
+    promised: InFlight = field(default_factory=InFlight)
+    """Named in responses, no capture report yet."""
+    lost: list[str] = field(default_factory=list)
+    """Promised, and the engine was gone before the capture's report (:meth:`ReportReceiver.close`)."""
     lags: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_WINDOW))
     errors: list[str] = field(default_factory=list)
     """The first few failures' reasons, for the summary."""
@@ -81,6 +126,8 @@ class ReportReceiver:
         self._lock = threading.Lock()
         self.files = Tally()
         self.samples = Tally()
+        self.earlier: list[str] = []
+        """Files an earlier server on the directory promised and died before writing (found at the start)."""
         self._acknowledged = acknowledged
         """Called with each sample id Kafka acknowledged: each must reach the dataset."""
         self._stop = threading.Event()
@@ -99,7 +146,19 @@ class ReportReceiver:
 
     def _count(self, raw: bytes) -> None:
         report = _REPORT.validate_json(raw)
+        if isinstance(report, PromiseReport):
+            for key, tally in ((report.path, self.files), (report.sample_id, self.samples)):
+                if key is not None:
+                    tally.promised.open(key)
+            return
+        if isinstance(report, FileReport) and report.earlier:
+            with self._lock:
+                self.earlier.append(report.path)
+            CAPTURES.labels("file", "orphaned").inc()
+            return
         output, tally = ("file", self.files) if isinstance(report, FileReport) else ("sample", self.samples)
+        tally.promised.close(report.path if isinstance(report, FileReport) else report.request_id,
+                             "ok" if report.ok else "failed")
         with self._lock:
             tally.add(report.ok, report.raw_bytes, report.seconds, report.error)
         if isinstance(report, CompletionReport) and report.ok:
@@ -111,7 +170,9 @@ class ReportReceiver:
                 CAPTURE_LAG.labels(output).observe(report.seconds)
 
     def close(self) -> None:
-        """Read what is still queued, then stop (once; later calls do nothing)."""
+        """1. Stop the receiving thread; 2. read what is still queued; 3. count
+        every promise still held as lost: called once vLLM's engine is gone, so no
+        report can come for it (later calls do nothing)."""
         if self._socket.closed:
             return
         self._stop.set()
@@ -119,3 +180,6 @@ class ReportReceiver:
         while self._socket.poll(0):
             self._count(self._socket.recv())
         self._socket.close(linger=0)
+        for output, tally in (("file", self.files), ("sample", self.samples)):
+            tally.lost = sorted(tally.promised.held())
+            CAPTURES.labels(output, "lost").inc(len(tally.lost))

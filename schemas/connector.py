@@ -274,6 +274,16 @@ class CompletionReport(StrictModel):
     report: the capture's lag."""
 
 
+class PromiseReport(StrictModel):
+    """The connector's scheduler side named a file or a sample in a response:
+    a capture ``hsx serve`` must see completed (a :class:`FileReport`, a
+    :class:`CompletionReport`) or count as lost (the engine died first)."""
+
+    promised: Literal[True] = True
+    path: str | None = None
+    sample_id: str | None = None
+
+
 class FileReport(StrictModel):
     """The connector's word on one request's file, for ``hsx serve``'s counts."""
 
@@ -283,3 +293,6 @@ class FileReport(StrictModel):
     raw_bytes: NonNegativeInt = 0
     seconds: float | None = None
     """From the request's end in the engine to the file complete (unlocked)."""
+    earlier: bool = False
+    """Promised by an earlier server on the same directory that died before writing
+    it (found at this one's start): its loss, not this server's."""

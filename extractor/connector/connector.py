@@ -65,6 +65,7 @@ from hsx.schemas.connector import (
     PARAMS_KEY,
     SAMPLE_ID_KEY,
     ConnectorConfig,
+    PromiseReport,
     read_extra_config,
     request_bytes_bound,
 )
@@ -129,6 +130,9 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         self._asked: dict[str, Asked] = {}
         """What each scheduled request asked for, until it finishes."""
         self._drops: list[str] = []
+        self._promises = CompletionSender(self._report_address) if self._report_address else None
+        """Each file and sample a response names, told to ``hsx serve`` so that one the
+        engine dies before completing is counted lost (the worker side reports completions)."""
         # Worker side, created in register_kv_caches.
         self._cache: torch.Tensor | None = None
         self._cuda: CudaGatherer | None = None
@@ -191,6 +195,8 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
             response[HIDDEN_STATES_PATH_KEY] = file
         if params is not None and self._served:
             response[SAMPLE_ID_KEY] = params["request_id"]
+        if self._promises is not None and (file is not None or SAMPLE_ID_KEY in response):
+            self._promises.send(PromiseReport(path=file, sample_id=response.get(SAMPLE_ID_KEY)))
         return True, response or None
 
     def _sample_params(self, request: Request, asked: Asked | None,
@@ -353,6 +359,8 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         return 1  # only rank 0 reports sends
 
     def shutdown(self) -> None:
+        if self._promises is not None:
+            self._promises.close()
         if self._sender is not None:
             self._sender.close()
         if self._writer is not None:

@@ -109,6 +109,21 @@ class FileSweeper:
             self._thread.join(5)
 
 
+def is_held(path: str) -> bool:
+    """Whether someone holds ``<path>.lock`` now (a writer mid-write)."""
+    try:
+        fd = os.open(path + LOCK_SUFFIX, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def unlink_unheld_lock(path: str) -> bool:
     """Remove ``<path>.lock`` unless someone holds it (a writer mid-write, a
     reader mid-read); whether it was removed here."""

@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from hsx.extractor.connector.file_sweeper import LOCK_SUFFIX, FileSweeper, unlink_unheld_lock
+from hsx.extractor.connector.file_sweeper import LOCK_SUFFIX, FileSweeper, is_held, unlink_unheld_lock
 from hsx.extractor.connector.gather import Gathered
 from hsx.schemas.connector import FileReport, FilesConfig
 
@@ -83,7 +83,10 @@ class FileWriter:
         self._pending = 0
         self.stats = FileStats()
         for path in orphaned(config.shared_storage_path):
-            self.fail(path, "lost: the server that answered the request died before writing its file")
+            log.error("hidden states never written to %s: the server that answered its request died first", path)
+            if report is not None:
+                report(FileReport(path=path, ok=False, earlier=True, error="the server that answered the request "
+                                                                          "died before writing its file"))
 
     def hold(self, path: str) -> None:
         """Step 1: create ``<path>.lock`` and hold it exclusively until the file is
@@ -203,8 +206,14 @@ def orphaned(root: str) -> list[str]:
     """Files promised and never written: a lock file no one holds beside no file,
     left by a server killed between a response and its write (a reader deletes
     the lock before the file, and a live writer holds its lock). Their lock
-    files are removed."""
+    files are removed, and so are the temporary files of writes a kill cut off
+    (those whose final name's lock no one holds)."""
     if not Path(root).is_dir():
         return []
     paths = (str(lock)[: -len(LOCK_SUFFIX)] for lock in Path(root).glob(f"*.safetensors{LOCK_SUFFIX}"))
-    return [path for path in paths if not os.path.exists(path) and unlink_unheld_lock(path)]
+    lost = [path for path in paths if not os.path.exists(path) and unlink_unheld_lock(path)]
+    for temporary in Path(root).glob(".*.safetensors.*.tmp"):
+        final = temporary.parent / temporary.name[1:].rsplit(".", 2)[0]
+        if not is_held(str(final)):
+            temporary.unlink(missing_ok=True)
+    return lost

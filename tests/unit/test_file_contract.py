@@ -200,14 +200,17 @@ def test_captures_a_dead_server_promised_are_counted_by_the_next(tmp_path: Path)
     (tmp_path / "written.safetensors").write_bytes(b"x")
     (tmp_path / "written.safetensors.lock").touch()  # released: its file was written
     (tmp_path / "lost.safetensors.lock").touch()  # the server died before writing it
+    (tmp_path / ".cut.safetensors.0123456789ab.tmp").write_bytes(b"half")  # a write the kill cut off
     held = open(tmp_path / "busy.safetensors.lock", "w")  # another live server's write  # noqa: SIM115
     fcntl.flock(held, fcntl.LOCK_EX)
+    (tmp_path / ".busy.safetensors.ba9876543210.tmp").write_bytes(b"being written")
     reports: list[object] = []
     writer = FileWriter(FilesConfig(shared_storage_path=str(tmp_path)), reports.append)
     writer.close()
     held.close()
     (report,) = reports
     assert report.path == str(tmp_path / "lost.safetensors") and not report.ok  # type: ignore[attr-defined]
-    assert "died before writing" in report.error and writer.stats.failed == 1  # type: ignore[attr-defined]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["busy.safetensors.lock", "written.safetensors",
+    assert report.earlier and "died before writing" in report.error  # type: ignore[attr-defined]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".busy.safetensors.ba9876543210.tmp",
+                                                          "busy.safetensors.lock", "written.safetensors",
                                                           "written.safetensors.lock"]

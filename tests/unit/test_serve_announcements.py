@@ -1,7 +1,8 @@
-"""``hsx serve``'s wait for ready events: an acknowledged sample is held only
-until the sink announces or dead-letters it, in whichever order its report and its
-ready event arrive, so a server that runs for weeks holds what is in flight only;
-a dead-lettered sample counts as lost."""
+"""``hsx serve``'s accounting of captures: a promise (a response named a file or
+a sample) is held until its capture's report, an acknowledged sample until the sink
+announces or dead-letters it, whichever of the two events arrives first, so a
+server that runs for weeks holds what is in flight only. A promise still held when
+the engine is gone is lost, counted and named; a dead-lettered sample is lost."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from pathlib import Path
 import zmq
 
 from hsx.schemas import ErrorClass, HiddenStatesReady
-from hsx.schemas.connector import CompletionReport
+from hsx.schemas.connector import CompletionReport, FileReport, PromiseReport
 from hsx.serve_pipeline import Announcements
-from hsx.serve_reports import ReportReceiver
+from hsx.serve_reports import InFlight, ReportReceiver
 
 
 def _ready(sample_id: str) -> HiddenStatesReady:
@@ -29,7 +30,7 @@ def test_an_announced_sample_is_forgotten_whichever_arrives_first() -> None:
     announcements.record_ready(_ready("s-1"))
     assert announcements.missing() == set()
     assert announcements.announced == 2
-    assert not announcements._pending and not announcements._early  # nothing kept once settled
+    assert not announcements._samples._opened and not announcements._samples._closed_first  # nothing kept
 
 
 def test_a_dead_lettered_sample_is_settled_and_counted_as_lost() -> None:
@@ -44,21 +45,38 @@ def test_a_dead_lettered_sample_is_settled_and_counted_as_lost() -> None:
     assert announcements.announced == 1
 
 
-def test_the_receiver_hands_on_acknowledged_samples_only(tmp_path: Path) -> None:
+def test_in_flight_holds_an_id_between_its_two_events_only() -> None:
+    flight = InFlight()
+    assert flight.open("a") is None and flight.held() == {"a"}
+    assert flight.close("a", "ok") and flight.held() == set()
+    assert not flight.close("b", "failed")  # the report before the promise
+    assert flight.open("b") == "failed" and flight.held() == set()
+    assert not flight._opened and not flight._closed_first
+
+
+def test_promises_without_their_capture_are_lost_when_the_engine_is_gone(tmp_path: Path) -> None:
     acknowledged: list[str] = []
     receiver = ReportReceiver(tmp_path, acknowledged.append)
     push = zmq.Context.instance().socket(zmq.PUSH)
     push.connect(receiver.address)
+    reports = [PromiseReport(path="/f/1", sample_id="s-1"), PromiseReport(path="/f/2", sample_id="s-2"),
+               PromiseReport(sample_id="s-3"), PromiseReport(path="/f/4"),
+               FileReport(path="/f/1", ok=True, raw_bytes=10, seconds=0.1),
+               CompletionReport(request_id="s-1", attempt_id="a" * 32, ok=True, raw_bytes=10, seconds=0.1),
+               CompletionReport(request_id="s-3", attempt_id="a" * 32, ok=False, error="broker refused"),
+               FileReport(path="/f/5", ok=True, raw_bytes=10),  # before its promise (another process)
+               FileReport(path="/f/old", ok=False, earlier=True, error="died")]  # an earlier server's loss
     try:
-        for sample, ok in (("s-1", True), ("s-2", False), ("s-3", True)):
-            report = CompletionReport(request_id=sample, attempt_id="a" * 32, ok=ok, raw_bytes=10, seconds=0.1,
-                                      error=None if ok else "broker refused")
+        for report in reports:
             push.send(report.model_dump_json().encode())
+        push.send(PromiseReport(path="/f/5").model_dump_json().encode())
         deadline = time.monotonic() + 10
-        while receiver.samples.ok + receiver.samples.failed < 3 and time.monotonic() < deadline:
+        while receiver.files.ok + receiver.samples.ok + receiver.samples.failed < 4 and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         push.close(linger=1000)
-        receiver.close()
-    assert acknowledged == ["s-1", "s-3"]
-    assert (receiver.samples.ok, receiver.samples.failed, receiver.samples.errors) == (2, 1, ["broker refused"])
+        receiver.close()  # the engine is gone: what is still promised was lost
+    assert acknowledged == ["s-1"]
+    assert (receiver.samples.ok, receiver.samples.failed, receiver.samples.errors) == (1, 1, ["broker refused"])
+    assert receiver.files.lost == ["/f/2", "/f/4"] and receiver.samples.lost == ["s-2"]
+    assert receiver.earlier == ["/f/old"] and receiver.files.failed == 0  # not this server's loss
