@@ -143,18 +143,22 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
         health = HealthServer(plan.health_port, ready=lambda: _answers(server), host=plan.host).start()
         stack.callback(health.stop)
         started = time.monotonic()
-        if not _wait_ready(server, stop):
-            print(f"hsx serve: vLLM's server did not start (exit {server.exited()}); its log: "
-                  f"{server.log_path()}\n{server.log_tail()}", file=sys.stderr)
+        try:
+            ready = server.wait_ready(timeout=1800, stop=stop)  # False: Ctrl-C while it started, so the drain
+        except ServiceError as exc:
+            print(f"hsx serve: vLLM's server did not start: {exc}", file=sys.stderr)
             return ExitCode.FAILED
-        print(f"hsx serve: serving {plan.model_name or plan.engine.model} at http://{plan.host}:{plan.port}/v1 "
-              f"(hsx metrics at http://{plan.host}:{health.port}/metrics); Ctrl-C to stop", file=sys.stderr,
-              flush=True)
+        if ready:
+            print(f"hsx serve: serving {plan.model_name or plan.engine.model} at http://{plan.host}:{plan.port}/v1 "
+                  f"(hsx metrics at http://{plan.host}:{health.port}/metrics); Ctrl-C to stop", file=sys.stderr,
+                  flush=True)
         while not stop.is_set() and server.exited() is None:
             stop.wait(0.5)
         failures = _stop_server(server, plan)
         reports.close()
-        missing = pipeline.wait_announced() if pipeline is not None else set()
+        missing, unconfirmed = (pipeline.wait_announced(reports.samples.lost) if pipeline is not None
+                                else (set(), reports.samples.lost))
+        reports.settle_samples(unconfirmed)
         dead = pipeline.announcements.dead if pipeline is not None else Counter()
         if pipeline is not None:
             failures += pipeline.stop()
@@ -199,15 +203,6 @@ def _answers(server: HsxService) -> tuple[bool, str]:
     """hsx serve's readiness: vLLM's own ``/health``."""
     ok = server.ready()
     return ok, "ok" if ok else "vLLM's server does not answer /health"
-
-
-def _wait_ready(server: HsxService, stop: threading.Event, timeout: float = 1800) -> bool:
-    deadline = time.monotonic() + timeout
-    while not server.ready():
-        if server.exited() is not None or stop.is_set() or time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-    return True
 
 
 def _stop_server(server: HsxService, plan: ServePlan) -> list[str]:

@@ -34,6 +34,10 @@ ANNOUNCE_SECONDS = 120.0
 """After the server stopped, how long the sink may take to announce the samples
 Kafka acknowledged before the rest counts as lost."""
 
+UNCONFIRMED_SECONDS = 10.0
+"""After those, how long samples promised with no report (the engine died; Kafka
+may have acknowledged them a moment before) may take to be announced."""
+
 
 class Announcements:
     """The acknowledged samples the sink has yet to announce: an id is held from
@@ -71,6 +75,10 @@ class Announcements:
     def missing(self) -> set[str]:
         """Acknowledged, neither announced nor dead-lettered (yet)."""
         return self._samples.held()
+
+    def not_announced(self, unconfirmed: list[str]) -> list[str]:
+        """Those of ``unconfirmed`` (never acknowledged to us) not announced so far."""
+        return [s for s in unconfirmed if self._samples.closed_first(s) != _ANNOUNCED]
 
 
 class DatasetSide:
@@ -120,17 +128,24 @@ class DatasetSide:
             config["model"] = plan.model_name
         return config
 
-    def wait_announced(self) -> set[str]:
+    def wait_announced(self, unconfirmed: list[str]) -> tuple[set[str], list[str]]:
         """Step 6, the sink's part (after every report was read): the acknowledged
         samples it has not announced within :data:`ANNOUNCE_SECONDS` (or before it
-        or the follower of its ready events stopped)."""
+        or the follower of its ready events stopped), and those of ``unconfirmed``
+        not announced within :data:`UNCONFIRMED_SECONDS` more (a sample announced
+        later still was counted lost: an overcount, never a silent loss)."""
         if self.sink is None or self._follower is None:
-            return set()  # the cluster's sinks announce them
-        deadline = time.monotonic() + ANNOUNCE_SECONDS
-        while (self.announcements.missing() and time.monotonic() < deadline and self.sink.exited() is None
-               and self._follower.is_alive()):
+            return set(), unconfirmed  # the cluster's sinks announce them
+        now = time.monotonic()
+        deadline, settled = now + ANNOUNCE_SECONDS, None
+        while now < deadline and self.sink.exited() is None and self._follower.is_alive():
+            if not self.announcements.missing():
+                settled = settled or now + UNCONFIRMED_SECONDS
+                if now > settled or not self.announcements.not_announced(unconfirmed):
+                    break
             time.sleep(0.2)
-        return self.announcements.missing()
+            now = time.monotonic()
+        return self.announcements.missing(), self.announcements.not_announced(unconfirmed)
 
     def stop(self) -> list[str]:
         self._stop.set()

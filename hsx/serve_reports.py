@@ -13,6 +13,7 @@ pushes (:class:`hsx.extractor.completion.CompletionSender`).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -80,6 +81,11 @@ class InFlight:
     def held(self) -> set[str]:
         with self._lock:
             return set(self._opened)
+
+    def closed_first(self, key: str) -> str | None:
+        """How ``key`` was closed, if it was closed before any :meth:`open`."""
+        with self._lock:
+            return self._closed_first.get(key)
 
 
 @dataclass
@@ -170,9 +176,10 @@ class ReportReceiver:
                 CAPTURE_LAG.labels(output).observe(report.seconds)
 
     def close(self) -> None:
-        """1. Stop the receiving thread; 2. read what is still queued; 3. count
-        every promise still held as lost: called once vLLM's engine is gone, so no
-        report can come for it (later calls do nothing)."""
+        """1. Stop the receiving thread; 2. read what is still queued; 3. every
+        promise still held is lost (a file) or unconfirmed (a sample, until
+        :meth:`settle_samples`): called once vLLM's engine is gone, so no report
+        can come for it (later calls do nothing)."""
         if self._socket.closed:
             return
         self._stop.set()
@@ -180,6 +187,14 @@ class ReportReceiver:
         while self._socket.poll(0):
             self._count(self._socket.recv())
         self._socket.close(linger=0)
-        for output, tally in (("file", self.files), ("sample", self.samples)):
-            tally.lost = sorted(tally.promised.held())
-            CAPTURES.labels(output, "lost").inc(len(tally.lost))
+        # A file under its final name is whole (written, then renamed): its writer died before reporting it.
+        self.files.lost = sorted(path for path in self.files.promised.held() if not os.path.exists(path))
+        self.samples.lost = sorted(self.samples.promised.held())
+        CAPTURES.labels("file", "lost").inc(len(self.files.lost))
+
+    def settle_samples(self, lost: list[str]) -> None:
+        """4. Of the samples promised with no report (:meth:`close`), those still
+        lost once the dataset side had its say (a sample Kafka acknowledged just
+        before the engine died reaches the dataset all the same)."""
+        self.samples.lost = lost
+        CAPTURES.labels("sample", "lost").inc(len(lost))

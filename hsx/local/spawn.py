@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -116,14 +117,23 @@ class HsxService:
         except OSError:
             return False
 
-    def wait_ready(self, timeout: float = 300) -> None:
+    def wait_ready(self, timeout: float = 300, stop: threading.Event | None = None) -> bool:
+        """Wait until it answers its ready path: ``True``, or ``False`` once
+        ``stop`` is set first; :class:`ServiceError` when it exits or ``timeout``
+        passes."""
         deadline = time.monotonic() + timeout
         while not self.ready():
             if self.exited() is not None:
-                raise ServiceError(f"{self.name} exited with {self.exited()}:\n{self.log_tail()}")
+                raise ServiceError(f"{self.name} exited with {self.exited()} (log: {self.log_path()}):\n"
+                                   f"{self.log_tail()}")
             if time.monotonic() > deadline:
-                raise ServiceError(f"{self.name} not ready after {timeout}s:\n{self.log_tail()}")
-            time.sleep(0.2)
+                raise ServiceError(f"{self.name} not ready after {timeout}s (log: {self.log_path()}):\n"
+                                   f"{self.log_tail()}")
+            if stop is not None and stop.wait(0.2):
+                return False
+            if stop is None:
+                time.sleep(0.2)
+        return True
 
     def metric(self, name: str, labelled: bool = False) -> float:
         """An unlabelled series, or the sum of a labelled one; NaN when the

@@ -1,20 +1,36 @@
 """``hsx serve`` as a user runs it: one command, a file per response and the
-dataset. SIGTERM with requests in flight: every answered request's hidden states
-are in the dataset exactly once (a request arriving during the drain is answered
-"abort" by vLLM, promised nothing and captured nothing), equal to its file and to HF transformers', the
-summary counts them, and the command exits 0. hsx's own metrics count the
-captures beside vLLM's."""
+dataset, and what it promises when it ends.
+
+* kill -9 of vLLM's server under load (a lost engine): no partial file under a
+  final name; every answered request's file and sample complete and equal, or
+  named lost in hsx serve's log (and counted in its summary), never silently
+  missing; the dataset holds each sample once.
+* SIGTERM with requests in flight, on the same directory: the files the killed
+  engine promised and never wrote are counted as the earlier server's; every
+  answered request's hidden states are in the dataset exactly once (a request
+  arriving during the drain is answered "abort" by vLLM, promised nothing and
+  captured nothing), equal to its file and to HF transformers', the summary
+  counts them, and the command exits 0. hsx's own metrics count the captures
+  beside vLLM's.
+
+Both tests run on one module's directories, in this order (the engine tests run
+on one worker, in file order)."""
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -31,54 +47,125 @@ pytestmark = [pytest.mark.integration, pytest.mark.engine]
 LAYERS = [1, 3, 4]
 
 
-def test_sigterm_under_load_leaves_every_answered_request_in_the_dataset_once(kafka_bootstrap: str,
-                                                                               tmp_path: Path) -> None:
-    model = models.prepare(names=["tiny-llama"])["tiny-llama"]
-    files, output = tmp_path / "files", tmp_path / "dataset"
+@pytest.fixture(scope="module")
+def model() -> Path:
+    return models.prepare(names=["tiny-llama"])["tiny-llama"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One directory both servers write their files in, as a restarted pod's volume."""
+    return tmp_path_factory.mktemp("served-files")
+
+
+def _serve(model: Path, files: Path, output: Path, bootstrap: str, logs: Path) -> HsxService:
     port = free_port()
     serve = HsxService("serve", ["serve", "--model", str(model), "--dtype", "float32", "--max-model-len", "1024",
                                  "--enforce-eager", "--layers", ",".join(map(str, LAYERS)), "--port", str(port),
                                  "--health-port", str(free_port()), "--shared-storage-path", str(files),
-                                 "--output", str(output), "--bootstrap", kafka_bootstrap], tmp_path, health=False,
+                                 "--output", str(output), "--bootstrap", bootstrap], logs, health=False,
                        ready_path="/health")
     serve.port = port
-    url = f"http://127.0.0.1:{port}/v1/completions"
-    with serve:
-        serve.wait_ready(timeout=600)
-        answered: list[dict[str, Any]] = []
-        rejected: list[dict[str, Any]] = []  # arrived during the drain: vLLM answers them "abort"
-        stop = threading.Event()
+    return serve
 
-        def client(n: int) -> None:
-            deadline = time.monotonic() + 120  # bounded whatever happens to the test's thread
-            while not stop.is_set() and time.monotonic() < deadline:
-                prompt = [1, *range(100 + n, 100 + n + 20 + 7 * n)]
-                try:
-                    response = httpx.post(url, json={"model": str(model), "prompt": prompt, "max_tokens": 2,
-                                                     "return_token_ids": True}, timeout=60)
-                except httpx.HTTPError:
-                    return  # the server stopped taking requests
-                if response.status_code != 200:
-                    return
-                body = response.json()
-                (rejected if body["choices"][0]["finish_reason"] == "abort" else answered).append(body)
 
-        with ThreadPoolExecutor(4) as pool:
-            for n in range(4):
-                pool.submit(client, n)
+@contextmanager
+def _load(serve: HsxService, model: Path, answered: list[dict[str, Any]],
+          rejected: list[dict[str, Any]]) -> Iterator[None]:
+    """Four clients sending completions until the block ends; within it, at least
+    eight answered before it is entered. A request arriving during a drain is
+    answered "abort" by vLLM: kept apart, in ``rejected``."""
+    url = f"http://127.0.0.1:{serve.port}/v1/completions"
+    stop = threading.Event()
+
+    def client(n: int) -> None:
+        deadline = time.monotonic() + 120  # bounded whatever happens to the test's thread
+        while not stop.is_set() and time.monotonic() < deadline:
+            prompt = [1, *range(100 + n, 100 + n + 20 + 7 * n)]
             try:
-                deadline = time.monotonic() + 60
-                while len(answered) < 8 and time.monotonic() < deadline:  # load first, then the signal
-                    time.sleep(0.2)
-                scraped = metric_sum(serve_health_port(serve), "hsx_serve_captures_total")
-                serve.signal(signal.SIGTERM)  # hsx serve's own group: vLLM's server and the sink get it from hsx serve
-            finally:
-                stop.set()
+                response = httpx.post(url, json={"model": str(model), "prompt": prompt, "max_tokens": 2,
+                                                 "return_token_ids": True}, timeout=60)
+            except httpx.HTTPError:
+                return  # the server stopped taking requests (or is gone)
+            if response.status_code != 200:
+                return
+            body = response.json()
+            (rejected if body["choices"][0]["finish_reason"] == "abort" else answered).append(body)
+
+    with ThreadPoolExecutor(4) as pool:
+        for n in range(4):
+            pool.submit(client, n)
+        try:
+            deadline = time.monotonic() + 60
+            while len(answered) < 8 and time.monotonic() < deadline:  # load first, then the fault
+                time.sleep(0.2)
+            yield
+        finally:
+            stop.set()
+
+
+def test_kill_9_of_the_engine_under_load_loses_only_what_it_names(model: Path, files: Path, kafka_bootstrap: str,
+                                                                  tmp_path: Path) -> None:
+    output = tmp_path / "dataset"
+    serve = _serve(model, files, output, kafka_bootstrap, tmp_path)
+    answered: list[dict[str, Any]] = []
+    rejected: list[dict[str, Any]] = []
+    with serve.start():
+        serve.wait_ready(timeout=600)
+        with _load(serve, model, answered, rejected):
+            (server,) = [p for p in psutil.Process(serve.pid).children()
+                         if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())]
+            os.killpg(os.getpgid(server.pid), signal.SIGKILL)  # the engine and its workers, no warning
+        status = serve.wait(300)
+    log = serve.logs()
+    assert status == 1 and "vLLM's server exited with -9" in log, log[-3000:]
+    assert len(answered) >= 8 and not rejected
+    lost_files = set(_listed(log, "files promised, never written"))
+    lost_samples = set(_listed(log, "samples promised, never acknowledged"))
+    assert _row(log, "files lost").startswith(f"{len(lost_files):,}")
+    assert _row(log, "samples lost").startswith(f"{len(lost_samples):,}")
+    assert not _listed(log, "samples acknowledged, never announced")  # the sink outlived the engine
+    dataset = open_dataset(output)
+    in_dataset = dataset.request_ids()
+    assert len(set(in_dataset)) == len(in_dataset) == int(_row(log, "samples captured").split()[0].replace(",", ""))
+    for response in answered:
+        params, token_ids = response["kv_transfer_params"], response["choices"][0]["prompt_token_ids"]
+        path, sample_id = params["hidden_states_path"], params["sample_id"]
+        file = None if path in lost_files else load_file(path)  # a whole file, or none under its name
+        assert (file is None) == (not os.path.exists(path)), path
+        assert (sample_id in lost_samples) != (sample_id in in_dataset), sample_id
+        if file is not None:
+            assert file["token_ids"].tolist() == token_ids
+        if sample_id in in_dataset:
+            assert dataset[sample_id]["token_ids"].tolist() == token_ids
+            if file is not None:
+                assert torch.equal(dataset[sample_id]["hidden_states"], file["hidden_states"])
+    for path in files.glob("*.safetensors"):
+        load_file(path)  # no partial file under a final name, answered or not
+
+
+def test_sigterm_under_load_leaves_every_answered_request_in_the_dataset_once(model: Path, files: Path,
+                                                                               kafka_bootstrap: str,
+                                                                               tmp_path: Path) -> None:
+    output = tmp_path / "dataset"
+    orphans = [lock for lock in files.glob("*.safetensors.lock") if not lock.with_suffix("").exists()]
+    serve = _serve(model, files, output, kafka_bootstrap, tmp_path)
+    answered: list[dict[str, Any]] = []
+    rejected: list[dict[str, Any]] = []
+    with serve.start():
+        serve.wait_ready(timeout=600)
+        with _load(serve, model, answered, rejected):
+            scraped = metric_sum(serve_health_port(serve), "hsx_serve_captures_total")
+            serve.signal(signal.SIGTERM)  # hsx serve's own group: vLLM's server and the sink get it from hsx serve
         status = serve.wait(300)
     log = serve.logs()
     assert status == 0, log[-3000:]
     assert len(answered) > 4 and scraped > 0  # hsx's metrics counted captures while serving
     assert all(r["kv_transfer_params"] is None for r in rejected)  # never scheduled: nothing promised
+    if orphans:  # what the killed engine promised and never wrote: its loss, counted here, locks removed
+        assert _row(log, "files an earlier server lost").startswith(f"{len(orphans):,} ")
+        assert not any(lock.exists() for lock in orphans)
+    assert not list(files.glob(".*.tmp"))  # no write was cut off half way, nor left by the kill
     dataset = open_dataset(output)
     sample_ids = [a["kv_transfer_params"]["sample_id"] for a in answered]
     assert len(set(sample_ids)) == len(sample_ids)
@@ -94,7 +181,12 @@ def test_sigterm_under_load_leaves_every_answered_request_in_the_dataset_once(ka
     assert _row(log, "samples captured").startswith(f"{len(answered):,} ")
     assert _row(log, "samples lost") == "0" and _row(log, "files lost") == "0"
     assert _row(log, "samples not announced") == "0" and _row(log, "samples dead-lettered") == "0"
-    assert not list(files.glob(".*.tmp"))  # no write was cut off half way
+
+
+def _listed(log: str, what: str) -> list[str]:
+    """The ids hsx serve named on its ``what`` line (none when it has no such line)."""
+    match = re.search(rf"^hsx serve: {re.escape(what)}[^:]*: (.+)$", log, re.MULTILINE)
+    return match.group(1).split(", ") if match else []
 
 
 def serve_health_port(serve: HsxService) -> int:
@@ -109,8 +201,7 @@ def _row(log: str, name: str) -> str:
     raise AssertionError(f"no summary row {name!r} in:\n{log[-2000:]}")
 
 
-def test_a_missing_destination_is_a_usage_error(tmp_path: Path) -> None:
-    model = models.prepare(names=["tiny-llama"])["tiny-llama"]
+def test_a_missing_destination_is_a_usage_error(model: Path, tmp_path: Path) -> None:
     run = HsxService("serve-usage", ["serve", "--model", str(model)], tmp_path, health=False).start()
     assert run.wait(60) == 2
     assert "give --shared-storage-path DIR (a file per response), --output DATASET, or both" in run.logs()

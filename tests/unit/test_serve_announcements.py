@@ -33,6 +33,13 @@ def test_an_announced_sample_is_forgotten_whichever_arrives_first() -> None:
     assert not announcements._samples._opened and not announcements._samples._closed_first  # nothing kept
 
 
+def test_a_sample_the_engine_died_before_confirming_is_lost_unless_announced() -> None:
+    announcements = Announcements()
+    announcements.record_ready(_ready("u-1"))  # acknowledged by Kafka; the engine died before reporting it
+    assert announcements.not_announced(["u-1", "u-2"]) == ["u-2"]
+    assert announcements.missing() == set()
+
+
 def test_a_dead_lettered_sample_is_settled_and_counted_as_lost() -> None:
     announcements = Announcements()
     for n in range(3):
