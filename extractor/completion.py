@@ -19,7 +19,7 @@ import zmq
 import zmq.asyncio
 from pydantic import ValidationError
 
-from hsx.schemas.connector import CompletionReport, FileReport, PromiseReport
+from hsx.schemas.connector import CompletionReport, FileReport, KafkaState, PromiseReport
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,9 @@ class CompletionSender:
         self._lock = threading.Lock()
         self._socket: zmq.Socket | None = None
 
-    def send(self, report: CompletionReport | FileReport | PromiseReport) -> None:
+    def send(self, report: CompletionReport | FileReport | PromiseReport | KafkaState) -> None:
         if self._address is None:
-            if not isinstance(report, PromiseReport) and not report.ok:
+            if isinstance(report, CompletionReport | FileReport) and not report.ok:
                 what = report.path if isinstance(report, FileReport) else report.request_id
                 log.error("capture of %s lost: %s", what, report.error)
             return

@@ -140,7 +140,7 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
             extra[EXTRA_CONFIG_KEY] = pipeline.connector_config(plan)
         server = _server(plan, extra, logs)
         stack.callback(lambda: server.exited() is None and server.kill())
-        health = HealthServer(plan.health_port, ready=lambda: _answers(server), host=plan.host).start()
+        health = HealthServer(plan.health_port, ready=lambda: _answers(server, reports), host=plan.host).start()
         stack.callback(health.stop)
         started = time.monotonic()
         try:
@@ -199,10 +199,13 @@ def _server(plan: ServePlan, extra: dict[str, Any], logs: Path) -> HsxService:
     return server.start()
 
 
-def _answers(server: HsxService) -> tuple[bool, str]:
-    """hsx serve's readiness: vLLM's own ``/health``."""
-    ok = server.ready()
-    return ok, "ok" if ok else "vLLM's server does not answer /health"
+def _answers(server: HsxService, reports: ReportReceiver) -> tuple[bool, str]:
+    """hsx serve's readiness: vLLM's own ``/health``; the body also says when
+    Kafka is behind (still ready: the server answers, slower once the in-flight
+    budget is full, and loses nothing)."""
+    if not server.ready():
+        return False, "vLLM's server does not answer /health"
+    return True, reports.kafka_condition() or "ok"
 
 
 def _stop_server(server: HsxService, plan: ServePlan) -> list[str]:

@@ -15,21 +15,22 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from pydantic import TypeAdapter, ValidationError
 
-from hsx.schemas.connector import CompletionReport, FileReport, PromiseReport
+from hsx.schemas.connector import CompletionReport, FileReport, KafkaState, PromiseReport
 
 log = logging.getLogger(__name__)
 
-_REPORT: TypeAdapter[CompletionReport | FileReport | PromiseReport] = TypeAdapter(
-    CompletionReport | FileReport | PromiseReport)
+_REPORT: TypeAdapter[CompletionReport | FileReport | PromiseReport | KafkaState] = TypeAdapter(
+    CompletionReport | FileReport | PromiseReport | KafkaState)
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 CAPTURES = Counter("hsx_serve_captures",
@@ -41,6 +42,15 @@ CAPTURE_LAG = Histogram("hsx_serve_capture_lag_seconds",
                         "From a request's response to its file complete or its sample acknowledged by Kafka",
                         ["output"], buckets=LAG_BUCKETS)
 
+KAFKA_IN_FLIGHT = Gauge("hsx_serve_kafka_in_flight_bytes", "Raw hidden-state bytes sent to Kafka, not yet acknowledged")
+KAFKA_UNACKNOWLEDGED = Gauge("hsx_serve_kafka_unacknowledged_seconds",
+                             "Since Kafka last acknowledged a capture's record, while any is in flight (else 0)")
+BACKPRESSURE = Gauge("hsx_serve_backpressure_seconds",
+                     "Since captures first waited for room in the in-flight budget, while they still do (else 0): "
+                     "finished requests keep their blocks, so vLLM admits fewer")
+
+STALL_SECONDS = 5.0
+"""Kafka silent this long with captures in flight: readiness says so."""
 
 LAG_WINDOW = 100_000
 """Captures whose lags the summary's quantiles are taken over (the latest):
@@ -132,6 +142,8 @@ class ReportReceiver:
         self._lock = threading.Lock()
         self.files = Tally()
         self.samples = Tally()
+        self.kafka_state: tuple[KafkaState, float] | None = None
+        """The connector's latest word on its Kafka side, and when it came."""
         self.earlier: list[str] = []
         """Files an earlier server on the directory promised and died before writing (found at the start)."""
         self._acknowledged = acknowledged
@@ -152,6 +164,9 @@ class ReportReceiver:
 
     def _count(self, raw: bytes) -> None:
         report = _REPORT.validate_json(raw)
+        if isinstance(report, KafkaState):
+            self._kafka(report)
+            return
         if isinstance(report, PromiseReport):
             for key, tally in ((report.path, self.files), (report.sample_id, self.samples)):
                 if key is not None:
@@ -174,6 +189,31 @@ class ReportReceiver:
             CAPTURE_BYTES.labels(output).inc(report.raw_bytes)
             if report.seconds is not None:
                 CAPTURE_LAG.labels(output).observe(report.seconds)
+
+    def _kafka(self, state: KafkaState) -> None:
+        KAFKA_IN_FLIGHT.set(state.in_flight_bytes)
+        KAFKA_UNACKNOWLEDGED.set(state.unacknowledged_s)
+        BACKPRESSURE.set(state.full_s)
+        before, self.kafka_state = self.kafka_condition(), (state, time.monotonic())
+        after = self.kafka_condition()
+        if after is not None and before is None:
+            log.warning("%s", after)
+        elif after is None and before is not None:
+            log.info("Kafka keeps up again")
+
+    def kafka_condition(self) -> str | None:
+        """What readiness says of the Kafka side: ``None`` while it keeps up (or
+        the engine said nothing for :data:`STALL_SECONDS`: it has nothing to send)."""
+        if self.kafka_state is None or time.monotonic() - self.kafka_state[1] > STALL_SECONDS:
+            return None
+        state = self.kafka_state[0]
+        waiting = (f"{state.in_flight:,} captures ({state.in_flight_bytes / 2**20:,.1f} MiB) in flight, nothing "
+                   f"acknowledged for {state.unacknowledged_s:.0f} s")
+        if state.full_s > 0:
+            return f"slowed by backpressure: captures wait for Kafka, so requests wait for cache blocks ({waiting})"
+        if state.unacknowledged_s >= STALL_SECONDS:
+            return f"answering, Kafka behind: {waiting}; requests slow once the in-flight budget is full"
+        return None
 
     def close(self) -> None:
         """1. Stop the receiving thread; 2. read what is still queued; 3. every

@@ -284,6 +284,19 @@ class PromiseReport(StrictModel):
     sample_id: str | None = None
 
 
+class KafkaState(StrictModel):
+    """The connector's Kafka side, every second, for ``hsx serve``'s readiness
+    and gauges: whether Kafka keeps up, and whether captures wait for room."""
+
+    in_flight: NonNegativeInt
+    in_flight_bytes: NonNegativeInt
+    unacknowledged_s: float
+    """Since Kafka last acknowledged a record, while any is in flight (else 0)."""
+    full_s: float
+    """Since the in-flight budget first refused a capture, while it still does
+    (else 0): finished requests keep their blocks, so vLLM admits fewer."""
+
+
 class FileReport(StrictModel):
     """The connector's word on one request's file, for ``hsx serve``'s counts."""
 

@@ -242,7 +242,8 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
             if self._config is not None:
                 kafka = (read_kafka_settings(self._config.kafka_settings_file) if self._config.kafka_settings_file
                          else KafkaSettings(**overrides(bootstrap=self._config.bootstrap)))
-                self._sender = BlockSender(self._config, kafka, self._layer_ids, reports)
+                self._sender = BlockSender(self._config, kafka, self._layer_ids, reports,
+                                           state=reports.send if self._served and self._report_address else None)
             if self._files_config is not None:
                 self._writer = FileWriter(self._files_config, reports.send)
             # The model and its caches exist now: out of the collector's way. EngineCore freezes its heap too,

@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from typing_extensions import Buffer
@@ -51,9 +51,12 @@ from hsx.extractor.connector.transfer import Transfer
 from hsx.runtime.kafka import DeliveryFailed, RecordProducer
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import BlockRecordHeaders, RecordKind
-from hsx.schemas.connector import CompletionReport, ConnectorConfig, RequestParams
+from hsx.schemas.connector import CompletionReport, ConnectorConfig, KafkaState, RequestParams
 
 log = logging.getLogger(__name__)
+
+STATE_SECONDS = 1.0
+"""How often a :class:`KafkaState` goes to whoever asked for it (``hsx serve``)."""
 
 
 class BlockSender:
@@ -66,8 +69,12 @@ class BlockSender:
         kafka: KafkaSettings,
         layer_ids: list[int],
         completions: CompletionSender,
+        state: Callable[[KafkaState], None] | None = None,
     ) -> None:
         self._config = config
+        self._state = state
+        self._last_ack = time.monotonic()
+        self._full_since: float | None = None
         self._layer_ids = layer_ids
         self._completions = completions
         self._producer = RecordProducer.connect(
@@ -95,7 +102,9 @@ class BlockSender:
         """Whether a request of ``nbytes`` raw bytes fits the in-flight budget (one
         request always fits when nothing else is in flight)."""
         with self._lock:
-            return self._inflight == 0 or self._inflight_bytes + nbytes <= self._config.max_inflight_bytes
+            room = self._inflight == 0 or self._inflight_bytes + nbytes <= self._config.max_inflight_bytes
+            self._full_since = None if room else self._full_since or time.monotonic()
+            return room
 
     def submit(self, job: SendJob, gathered: Gathered) -> None:
         """Start sending one request's hidden states."""
@@ -104,6 +113,8 @@ class BlockSender:
         ranges = block_ranges(gathered, self._config.target_block_bytes)
         transfer = Transfer(job, params, gathered, ranges, raw_bytes=raw_bytes(gathered))
         with self._lock:
+            if self._inflight == 0:
+                self._last_ack = time.monotonic()  # waiting starts now, not at the last acknowledgement
             self._inflight += 1
             self._inflight_bytes += transfer.raw_bytes
         if self._stager is not None:
@@ -237,9 +248,19 @@ class BlockSender:
     # -- Kafka poller thread ------------------------------------------------------------
 
     def _poll(self) -> None:
+        told = time.monotonic()
         while not self._closing.is_set():
             self._producer.poll(0.1)
             self._retry_stalled()
+            if self._state is not None and time.monotonic() - told >= STATE_SECONDS:
+                told = time.monotonic()
+                self._state(self.state(told))
+
+    def state(self, now: float) -> KafkaState:
+        with self._lock:
+            return KafkaState(in_flight=self._inflight, in_flight_bytes=self._inflight_bytes,
+                              unacknowledged_s=now - self._last_ack if self._inflight else 0.0,
+                              full_s=now - self._full_since if self._full_since is not None else 0.0)
 
     def _retry_stalled(self) -> None:
         """Produce again for the transfers that found the queue full (the poll just
@@ -252,6 +273,7 @@ class BlockSender:
                 self._produce_ready(transfer)
 
     def _acked(self, transfer: Transfer) -> None:
+        self._last_ack = time.monotonic()
         with transfer.lock:
             transfer.unacked -= 1
             self._maybe_complete(transfer)

@@ -5,13 +5,14 @@ dataset, and what it promises when it ends.
   final name; every answered request's file and sample complete and equal, or
   named lost in hsx serve's log (and counted in its summary), never silently
   missing; the dataset holds each sample once.
-* SIGTERM with requests in flight, on the same directory: the files the killed
-  engine promised and never wrote are counted as the earlier server's; every
-  answered request's hidden states are in the dataset exactly once (a request
-  arriving during the drain is answered "abort" by vLLM, promised nothing and
-  captured nothing), equal to its file and to HF transformers', the summary
-  counts them, and the command exits 0. hsx's own metrics count the captures
-  beside vLLM's.
+* A broker that stops answering for a while, then SIGTERM with requests in
+  flight, on the same directory: the server keeps answering and its ``/readyz``
+  says Kafka is behind; the files the killed engine promised and never wrote are
+  counted as the earlier server's; every answered request's hidden states are in
+  the dataset exactly once (a request arriving during the drain is answered
+  "abort" by vLLM, promised nothing and captured nothing), equal to its file and
+  to HF transformers', the summary counts them, and the command exits 0. hsx's
+  own metrics count the captures beside vLLM's.
 
 Both tests run on one module's directories, in this order (the engine tests run
 on one worker, in file order)."""
@@ -37,10 +38,11 @@ from safetensors.torch import load_file
 
 from hsx import models
 from hsx.dataset.reader import open_dataset
-from hsx.local.broker import free_port
-from hsx.local.scrape import metric_sum
+from hsx.local.broker import EmbeddedBroker, free_port
+from hsx.local.scrape import get, metric_sum
 from hsx.local.spawn import HsxService
 from hsx.reference import HFReference, max_relative_error
+from hsx.serve_reports import STALL_SECONDS
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
@@ -144,23 +146,30 @@ def test_kill_9_of_the_engine_under_load_loses_only_what_it_names(model: Path, f
         load_file(path)  # no partial file under a final name, answered or not
 
 
-def test_sigterm_under_load_leaves_every_answered_request_in_the_dataset_once(model: Path, files: Path,
-                                                                               kafka_bootstrap: str,
-                                                                               tmp_path: Path) -> None:
+def test_a_silent_broker_then_sigterm_leave_every_answered_request_in_the_dataset_once(model: Path, files: Path,
+                                                                                       tmp_path: Path) -> None:
     output = tmp_path / "dataset"
     orphans = [lock for lock in files.glob("*.safetensors.lock") if not lock.with_suffix("").exists()]
-    serve = _serve(model, files, output, kafka_bootstrap, tmp_path)
     answered: list[dict[str, Any]] = []
     rejected: list[dict[str, Any]] = []
-    with serve.start():
-        serve.wait_ready(timeout=600)
-        with _load(serve, model, answered, rejected):
-            scraped = metric_sum(serve_health_port(serve), "hsx_serve_captures_total")
-            serve.signal(signal.SIGTERM)  # hsx serve's own group: vLLM's server and the sink get it from hsx serve
-        status = serve.wait(300)
+    with EmbeddedBroker().start() as broker:  # its own, to stop answering
+        serve = _serve(model, files, output, broker.bootstrap, tmp_path)
+        with serve.start():
+            serve.wait_ready(timeout=600)
+            with _load(serve, model, answered, rejected):
+                scraped = metric_sum(serve_health_port(serve), "hsx_serve_captures_total")
+                os.kill(broker.pid, signal.SIGSTOP)
+                try:
+                    before, said = len(answered), _readiness_within(serve, STALL_SECONDS + 15, "Kafka behind")
+                    served_meanwhile = len(answered) - before
+                finally:
+                    os.kill(broker.pid, signal.SIGCONT)
+                serve.signal(signal.SIGTERM)  # its own group: vLLM's server and the sink get it from hsx serve
+            status = serve.wait(300)
     log = serve.logs()
     assert status == 0, log[-3000:]
     assert len(answered) > 4 and scraped > 0  # hsx's metrics counted captures while serving
+    assert "Kafka behind" in said and served_meanwhile > 0, said  # answering while Kafka was silent, and said so
     assert all(r["kv_transfer_params"] is None for r in rejected)  # never scheduled: nothing promised
     if orphans:  # what the killed engine promised and never wrote: its loss, counted here, locks removed
         assert _row(log, "files an earlier server lost").startswith(f"{len(orphans):,} ")
@@ -181,6 +190,17 @@ def test_sigterm_under_load_leaves_every_answered_request_in_the_dataset_once(mo
     assert _row(log, "samples captured").startswith(f"{len(answered):,} ")
     assert _row(log, "samples lost") == "0" and _row(log, "files lost") == "0"
     assert _row(log, "samples not announced") == "0" and _row(log, "samples dead-lettered") == "0"
+
+
+def _readiness_within(serve: HsxService, seconds: float, expected: str) -> str:
+    """hsx serve's ``/readyz`` body once it says ``expected`` (or after ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    said = ""
+    while expected not in said and time.monotonic() < deadline:
+        status, body = get(serve_health_port(serve), "/readyz")
+        said = f"{status} {body}"
+        time.sleep(0.5)
+    return said
 
 
 def _listed(log: str, what: str) -> list[str]:

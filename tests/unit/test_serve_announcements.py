@@ -2,7 +2,8 @@
 a sample) is held until its capture's report, an acknowledged sample until the sink
 announces or dead-letters it, whichever of the two events arrives first, so a
 server that runs for weeks holds what is in flight only. A promise still held when
-the engine is gone is lost, counted and named; a dead-lettered sample is lost."""
+the engine is gone is lost, counted and named; a dead-lettered sample is lost.
+Readiness says whether Kafka keeps up, lags, or holds requests back."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from pathlib import Path
 import zmq
 
 from hsx.schemas import ErrorClass, HiddenStatesReady
-from hsx.schemas.connector import CompletionReport, FileReport, PromiseReport
+from hsx.schemas.connector import CompletionReport, FileReport, KafkaState, PromiseReport
 from hsx.serve_pipeline import Announcements
-from hsx.serve_reports import InFlight, ReportReceiver
+from hsx.serve_reports import STALL_SECONDS, InFlight, ReportReceiver
 
 
 def _ready(sample_id: str) -> HiddenStatesReady:
@@ -87,3 +88,22 @@ def test_promises_without_their_capture_are_lost_when_the_engine_is_gone(tmp_pat
     assert (receiver.samples.ok, receiver.samples.failed, receiver.samples.errors) == (1, 1, ["broker refused"])
     assert receiver.files.lost == ["/f/2", "/f/4"] and receiver.samples.lost == ["s-2"]
     assert receiver.earlier == ["/f/old"] and receiver.files.failed == 0  # not this server's loss
+
+
+def test_readiness_tells_a_silent_kafka_from_backpressure(tmp_path: Path) -> None:
+    receiver = ReportReceiver(tmp_path)
+    try:
+        for state in (KafkaState(in_flight=3, in_flight_bytes=3 << 20, unacknowledged_s=1.0, full_s=0.0),
+                      KafkaState(in_flight=3, in_flight_bytes=3 << 20, unacknowledged_s=8.0, full_s=0.0),
+                      KafkaState(in_flight=9, in_flight_bytes=9 << 20, unacknowledged_s=12.0, full_s=2.0),
+                      KafkaState(in_flight=0, in_flight_bytes=0, unacknowledged_s=0.0, full_s=0.0)):
+            receiver._count(state.model_dump_json().encode())
+            said = receiver.kafka_condition()
+            if state.full_s:
+                assert said is not None and said.startswith("slowed by backpressure") and "12 s" in said
+            elif state.unacknowledged_s >= STALL_SECONDS:
+                assert said is not None and said.startswith("answering, Kafka behind") and "3 captures" in said
+            else:
+                assert said is None
+    finally:
+        receiver.close()
