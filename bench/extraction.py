@@ -7,6 +7,8 @@ round so that machine noise and warm caches hit every side alike):
 * ``hsx``: extract_hidden_states + HsxConnector, codec on, Kafka acks awaited;
 * ``files``: extract_hidden_states + vLLM's stock one-safetensors-file-per-request
   connector (``bench.files_connector``), files written awaited;
+* ``hsx_files``: the same file per request from HsxConnector (the seed's server
+  contract, ``shared_storage_path`` alone), files written awaited;
 * ``hf``: HF transformers ``output_hidden_states=True``, one prompt per forward.
 
 Then prefill latency vs prompt length (one prompt alone) on ``plain`` and ``hsx``.
@@ -160,14 +162,17 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             a.async_scheduling = async_scheduling
             return a
 
-        files_args = engine_args(options, connector)
-        files_args.kv_transfer_config = KVTransferConfig(
-            kv_connector="CpuHiddenStatesFileConnector", kv_connector_module_path="bench.files_connector",
-            kv_role="kv_producer", kv_connector_extra_config={"shared_storage_path": str(storage)})
+        def files_args(connector_class: str, module: str):  # type: ignore[no-untyped-def]
+            a = engine_args(options, connector)
+            a.kv_transfer_config = KVTransferConfig(
+                kv_connector=connector_class, kv_connector_module_path=module, kv_role="kv_producer",
+                kv_connector_extra_config={"shared_storage_path": str(storage / connector_class)})
+            return a
 
         hsx = Engine(options, connector)
         plain = AsyncLLM.from_engine_args(plain_args(False))
-        files = AsyncLLM.from_engine_args(files_args)
+        files = AsyncLLM.from_engine_args(files_args("CpuHiddenStatesFileConnector", "bench.files_connector"))
+        hsx_files = AsyncLLM.from_engine_args(files_args("HsxConnector", "hsx.extractor.connector"))
         plain_async = None if args.quick else AsyncLLM.from_engine_args(plain_args(True))
         reference = HFReference(path)
         raw = compressed = stored = 0
@@ -181,12 +186,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             if name == "hsx":
                 seconds, raw, compressed = await run_hsx(hsx, completions, batch)
                 return seconds
-            if name == "files":
-                seconds, stored = await run_files(files, batch)
+            if name in ("files", "hsx_files"):
+                seconds, stored = await run_files(files if name == "files" else hsx_files, batch)
                 return seconds
             return run_hf(reference, batch, layers)
 
-        sides = ["plain", "hsx", "files", "hf"] + ([] if plain_async is None else ["plain_async"])
+        sides = ["plain", "hsx", "files", "hsx_files", "hf"] + ([] if plain_async is None else ["plain_async"])
         seconds: dict[str, list[float]] = {s: [] for s in sides}
         try:
             for name in sides:  # warm-up
@@ -206,7 +211,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 }
                 print(f"[bench.extraction] {n} tokens: {scaling[n]}", flush=True)
         finally:
-            for engine in (plain, files, plain_async, hsx):
+            for engine in (plain, files, hsx_files, plain_async, hsx):
                 if engine is not None:
                     engine.shutdown()
             await completions.close()
@@ -228,7 +233,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
         "hf_torch_threads": torch.get_num_threads(),
         "extraction_overhead_ratio": ratio("hsx", "plain"),
         "vs_hf_ratio": ratio("hsx", "hf"),
-        "vs_stock_files_ratio": ratio("hsx", "files"),
+        "vs_stock_files_ratio": ratio("hsx_files", "files"),
+        "kafka_vs_stock_files_ratio": ratio("hsx", "files"),
         "stock_files_overhead_ratio": ratio("files", "plain"),
         "hsx_kafka_bytes": compressed,
         "hsx_raw_bytes": raw,

@@ -24,7 +24,7 @@ DATASET_CODECS = ["raw", "byteplane-zstd", "fp8", "fp8-zstd", "fp8-zstd-3"]
 TARGETS = [
     ("extraction_overhead_ratio", 0.90, "hsx engine ÷ plain vLLM prefill, same engine settings"),
     ("vs_hf_ratio", 1.0, "hsx ÷ HF transformers output_hidden_states"),
-    ("vs_stock_files_ratio", 1.0, "hsx ÷ vLLM's one-safetensors-file-per-request connector"),
+    ("vs_stock_files_ratio", 1.0, "the same file per request: HsxConnector's writer ÷ vLLM's stock connector's"),
     ("codec_ratio_bf16", 1.45, "default codec ratio on bf16 SmolLM2 hidden states"),
     ("codec_mb_s_per_core", 250.0, "default codec MB/s on one core"),
     ("dataset_byteplane_zstd_vs_raw_bf16", 1.5, "lossless dataset codec: raw bf16 ÷ byteplane-zstd bytes per sample"),

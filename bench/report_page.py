@@ -184,7 +184,8 @@ EXTRACTION: tuple[Block, ...] = (
     Bullets((
         "`extraction_overhead_ratio` = {extraction_overhead_ratio}; against vLLM's default (async scheduling on): "
         "{extraction_overhead_ratio_vs_async_default}; async on ÷ off for plain vLLM: {plain_async_vs_plain_ratio}.",
-        "`vs_stock_files_ratio` = {vs_stock_files_ratio}; stock files ÷ plain: {stock_files_overhead_ratio}. Bytes "
+        "`vs_stock_files_ratio` = {vs_stock_files_ratio} (HsxConnector's file per request ÷ the stock connector's); "
+        "hsx to Kafka ÷ stock files: {kafka_vs_stock_files_ratio}; stock files ÷ plain: {stock_files_overhead_ratio}. Bytes "
         "stored per round: hsx {hsx_kafka_bytes} in Kafka vs stock {stock_files_bytes} on disk. (The hsx sink then "
         "writes the dataset uncompressed, as the stock files are, so the dataset on disk is about the raw size; the "
         "compression saves Kafka bytes, network and broker storage.)",

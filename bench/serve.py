@@ -12,7 +12,11 @@ Arms, each a server started in turn with the same engine flags:
   ``hsx sink`` writing a raw dataset: what ``hsx serve --output`` runs, with
   files too (``hsx serve``'s usual case).
 
-Each arm runs the random dataset (fixed seed) at concurrency 1, 8 and 32. Per arm
+Each arm runs the random dataset (fixed seed) at concurrency 1, 8 and 32, in
+``--rounds`` rounds (3; one with ``--quick``), the arms' order rotated each round
+(several servers at once do not fit 2 cores: each arm starts and stops its own).
+Each figure is the median over rounds; each ratio the median of the rounds' own
+ratios (an arm against ``plain`` of the same round). Per arm
 and concurrency: requests/s, output tokens/s, TTFT p50/p99 (vLLM's figures), capture
 lag p50/p99 (from the connector's own report of each capture: the response's end
 to the file complete or the sample acknowledged by Kafka; the bench receives the
@@ -20,13 +24,14 @@ reports as ``hsx serve`` does) and CPU-seconds of the server's process tree per 
 of hidden states captured. Ratios to ``plain`` at the same concurrency are the
 figures to read; absolute numbers on a shared 2-core machine are noise.
 
-    python -m bench.serve [--quick] [--out FILE]
+    python -m bench.serve [--quick] [--rounds N] [--out FILE]
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import tempfile
 import time
 from argparse import Namespace
@@ -138,24 +143,25 @@ def run_arm(arm: str, model: Path, work: Path, prompts: dict[int, int], bootstra
 def main(args: Namespace) -> dict[str, Any]:
     model = models.prepare(names=[MODEL])[MODEL]
     prompts = {c: (4 * c if args.quick else max(16, 4 * c)) for c in ([1, 8] if args.quick else CONCURRENCY)}
+    rounds = 1 if args.quick else args.rounds
     results: dict[str, Any] = {"serve_model": MODEL, "serve_layers": LAYERS, "serve_input_len": INPUT_LEN,
-                               "serve_output_len": OUTPUT_LEN, "serve_prompts": {str(c): n for c, n in prompts.items()}}
+                               "serve_output_len": OUTPUT_LEN, "serve_prompts": {str(c): n for c, n in prompts.items()},
+                               "serve_rounds": rounds}
+    per_round: list[dict[str, Any]] = []
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
-        for arm in ARMS:
-            work = Path(tmp) / arm
-            work.mkdir()
-            results.update(run_arm(arm, model, work, prompts, broker.bootstrap))
-            shutil.rmtree(work, ignore_errors=True)
-    for arm in ("stock", "files", "kafka"):
-        for c in prompts:
-            plain = results.get(f"serve_plain_c{c}_requests_per_s")
-            mine = results.get(f"serve_{arm}_c{c}_requests_per_s")
-            if plain and mine:
-                results[f"serve_{arm}_c{c}_vs_plain"] = round(mine / plain, 3)
-        for c in prompts:
-            stock, mine = (results.get(f"serve_{a}_c{c}_requests_per_s") for a in ("stock", arm))
-            if arm != "stock" and stock and mine:
-                results[f"serve_{arm}_c{c}_vs_stock"] = round(mine / stock, 3)
+        for r in range(rounds):
+            figures: dict[str, Any] = {}
+            for arm in ARMS[r % len(ARMS):] + ARMS[: r % len(ARMS)]:
+                work = Path(tmp) / f"{arm}-{r}"
+                work.mkdir()
+                figures.update(run_arm(arm, model, work, prompts, broker.bootstrap))
+                shutil.rmtree(work, ignore_errors=True)
+            per_round.append({**figures, **_ratios(figures, prompts)})
+    for key in per_round[0]:
+        values = [f[key] for f in per_round if isinstance(f.get(key), int | float)]
+        results[key] = round(statistics.median(values), 3) if values else None
+        if rounds > 1 and key.endswith(("_vs_plain", "_vs_stock", "_requests_per_s")):
+            results[f"{key}_rounds"] = [f.get(key) for f in per_round]
     ratios = [v for k, v in results.items() if k.endswith("_vs_plain") and not k.startswith("serve_stock")]
     stock = [v for k, v in results.items() if k.startswith("serve_files_") and k.endswith("_vs_stock")]
     results["serve_files_vs_stock_min"] = min(stock) if stock else None
@@ -163,6 +169,19 @@ def main(args: Namespace) -> dict[str, Any]:
     results["serve_capture_lag_p99_c8_s"] = max(
         (results.get(f"serve_{arm}_c8_capture_lag_p99_s") or 0.0) for arm in ("files", "kafka"))
     return results
+
+
+def _ratios(figures: dict[str, Any], prompts: dict[int, int]) -> dict[str, float]:
+    """One round's requests/s of each capturing arm ÷ ``plain``'s (and ÷ ``stock``'s), per concurrency."""
+    ratios: dict[str, float] = {}
+    for arm in ("stock", "files", "kafka"):
+        for c in prompts:
+            mine = figures.get(f"serve_{arm}_c{c}_requests_per_s")
+            for base in ("plain", "stock"):
+                other = figures.get(f"serve_{base}_c{c}_requests_per_s")
+                if mine and other and arm != base:
+                    ratios[f"serve_{arm}_c{c}_vs_{base}"] = round(mine / other, 3)
+    return ratios
 
 
 if __name__ == "__main__":
