@@ -12,11 +12,12 @@ vLLM creates one instance per role, in different processes:
 * **Worker side** (the model-runner process: with one rank inside EngineCore (on
   CPU hsx sets that up, :mod:`hsx.extractor.cpu_defaults`), with more a process
   per rank): ``bind_connector_metadata``, before each step's forward pass,
-  gathers each job's hidden states with one indexing op (only while the in-flight
-  budgets allow; otherwise the blocks simply stay pinned, which is the
-  backpressure) and hands them to the :class:`BlockSender` and the file writer;
-  ``get_finished`` reports the requests whose every output has its rows (Kafka:
-  acknowledged), so vLLM frees their blocks only then.
+  has :class:`~hsx.extractor.connector.captures.Captures` gather each job's hidden
+  states with one indexing op (only while the in-flight budgets allow; otherwise
+  the blocks simply stay pinned, which is the backpressure) and hand them to the
+  :class:`BlockSender` and the file writer; ``get_finished`` reports the requests
+  whose every output has its rows (Kafka: acknowledged), so vLLM frees their
+  blocks only then.
 
 For files, the scheduler side also picks each request's file when it is first
 scheduled (:mod:`hsx.extractor.connector.request_options`), the worker side
@@ -37,7 +38,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,7 +51,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.utils.gc_utils import freeze_gc_heap
 
 from hsx.extractor.completion import CompletionSender
-from hsx.extractor.connector.gather import CudaGatherer, Gathered, gather_cpu
+from hsx.extractor.connector.captures import Captures
 from hsx.extractor.connector.kafka_settings import read_kafka_settings
 from hsx.extractor.connector.request_options import Asked, read_request, served_params
 from hsx.extractor.connector.files import FileWriter
@@ -133,16 +133,8 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         self._promises = CompletionSender(self._report_address) if self._report_address else None
         """Each file and sample a response names, told to ``hsx serve`` so that one the
         engine dies before completing is counted lost (the worker side reports completions)."""
-        # Worker side, created in register_kv_caches.
-        self._cache: torch.Tensor | None = None
-        self._cuda: CudaGatherer | None = None
-        self._sender: BlockSender | None = None
-        self._writer: FileWriter | None = None
-        self._waiting: deque[SendJob] = deque()
-        self._outputs_left: dict[str, int] = {}
-        """Per request being sent: how many of its outputs (Kafka, file) still need its blocks."""
-        self._finished: set[str] = set()
-        """Requests whose every output has its rows, not yet reported to vLLM."""
+        # Worker side, created in register_kv_caches (on the sending rank).
+        self._captures: Captures | None = None
 
     # ==== scheduler side ===============================================================
 
@@ -235,17 +227,17 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
                 f"hidden-state cache {tuple(cache.shape)} is not [blocks, {len(self._layer_ids)} layers, "
                 f"{self._block_size} slots, hidden]"
             )
-        self._cache = cache
-        self._cuda = CudaGatherer(cache) if cache.is_cuda else None
         if self._is_sending_rank():
             reports = CompletionSender(self._report_address)
+            sender = None
             if self._config is not None:
                 kafka = (read_kafka_settings(self._config.kafka_settings_file) if self._config.kafka_settings_file
                          else KafkaSettings(**overrides(bootstrap=self._config.bootstrap)))
-                self._sender = BlockSender(self._config, kafka, self._layer_ids, reports,
-                                           state=reports.send if self._served and self._report_address else None)
-            if self._files_config is not None:
-                self._writer = FileWriter(self._files_config, reports.send)
+                sender = BlockSender(self._config, kafka, self._layer_ids, reports,
+                                     state=reports.send if self._served and self._report_address else None)
+            writer = FileWriter(self._files_config, reports.send) if self._files_config is not None else None
+            self._captures = Captures(cache, self._block_size, sender, writer,
+                                      fp8_to_kafka=self._config is not None and self._config.wire_dtype == "fp8")
             # The model and its caches exist now: out of the collector's way. EngineCore freezes its heap too,
             # but a rank in a process of its own (tensor parallel) is never frozen by vLLM, and the sender's
             # per-block objects would make the collector's full passes walk the whole model (half of the
@@ -271,90 +263,20 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         pass  # the dummy draft model already wrote the cache; we read it when a request ends
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
-        """Before the step's forward pass: take the locks of the files of newly
-        scheduled requests (the step, and with it any response naming them, ends
-        after that), drop those of aborted ones, and start the captures of the
-        requests that finished, so none waits out this step's forward pass."""
+        """Before the step's forward pass: the locks of new files, and the
+        captures of the requests that finished (:meth:`Captures.bind`)."""
         super().bind_connector_metadata(connector_metadata)
-        if self._sender is None and self._writer is None:
-            return
-        assert isinstance(connector_metadata, HsxConnectorMetadata)
-        if self._writer is not None:
-            for path in connector_metadata.holds:
-                try:
-                    self._writer.hold(path)
-                except OSError as exc:  # a full or unwritable disk: that file is missing, the engine goes on
-                    log.error("cannot create the lock of %s: %s", path, exc)
-            for path in connector_metadata.drops:
-                self._writer.drop(path)
-        self._waiting.extend(connector_metadata.sends)
-        self._start_waiting()
+        if self._captures is not None:
+            assert isinstance(connector_metadata, HsxConnectorMetadata)
+            self._captures.bind(connector_metadata)
 
     def wait_for_save(self) -> None:
         pass  # the captures run on threads of their own; nothing is saved within a step
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        if self._sender is None and self._writer is None:
+        if self._captures is None:
             return None, None
-        self._start_waiting()  # those the budgets held back, if there is room now
-        for request_id in (*(self._sender.take_finished() if self._sender else ()),
-                           *(self._writer.take_copied() if self._writer else ())):
-            self._output_done(request_id)
-        finished, self._finished = self._finished, set()
-        return finished or None, None
-
-    def _output_done(self, request_id: str) -> None:
-        """One output of ``request_id`` no longer needs its blocks; with the last
-        one, vLLM may free them (the next :meth:`get_finished` says so)."""
-        self._outputs_left[request_id] -= 1
-        if not self._outputs_left[request_id]:
-            del self._outputs_left[request_id]
-            self._finished.add(request_id)
-
-    def _start_waiting(self) -> None:
-        """Gather and submit queued jobs while every budget they need allows: for
-        each of its outputs (Kafka, file) a job is gathered once."""
-        assert self._cache is not None
-        _, layers, _, hidden = self._cache.shape
-        row_bytes = layers * hidden * self._cache.element_size()
-        while self._waiting and self._has_room(self._waiting[0], self._waiting[0].rows * row_bytes):
-            job = self._waiting.popleft()
-            to_kafka = job.params is not None and self._sender is not None
-            to_file = job.file_path is not None and self._writer is not None
-            self._outputs_left[job.engine_request_id] = to_kafka + to_file
-            if to_kafka:
-                assert self._sender is not None and self._config is not None
-                try:
-                    self._sender.submit(job, self._gather(job, fp8=self._config.wire_dtype == "fp8"))
-                except Exception as exc:  # noqa: BLE001 - one bad request must not kill the engine
-                    self._sender.fail(job, f"{type(exc).__name__}: {exc}")
-            if to_file and not self._write_file(job):
-                self._output_done(job.engine_request_id)
-
-    def _write_file(self, job: SendJob) -> bool:
-        """Hand the job's rows to the file writer; ``False`` when they could not
-        be gathered (the file is then missing, counted and logged)."""
-        assert self._writer is not None and job.file_path is not None
-        try:
-            gathered = self._gather(job, fp8=False)
-        except Exception as exc:  # noqa: BLE001 - one bad request must not kill the engine
-            self._writer.fail(job.file_path, f"gather failed: {type(exc).__name__}: {exc}")
-            return False
-        self._writer.write(job.engine_request_id, job.file_path, gathered, job.token_ids[job.first_row:],
-                           job.finished_at)
-        return True
-
-    def _has_room(self, job: SendJob, nbytes: int) -> bool:
-        return ((job.params is None or self._sender is None or self._sender.has_room(nbytes))
-                and (job.file_path is None or self._writer is None or self._writer.has_room(nbytes)))
-
-    def _gather(self, job: SendJob, *, fp8: bool) -> Gathered:
-        """The job's rows on the host (fp8: quantized on the device, before the copy)."""
-        assert self._cache is not None
-        if self._cuda is not None:
-            return self._cuda.gather(self._cache, job.block_ids, len(job.token_ids), self._block_size, job.first_row,
-                                     fp8=fp8)
-        return gather_cpu(self._cache, job.block_ids, len(job.token_ids), self._block_size, job.first_row, fp8=fp8)
+        return self._captures.finished() or None, None
 
     def get_finished_count(self) -> int | None:
         return 1  # only rank 0 reports sends
@@ -362,10 +284,8 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
     def shutdown(self) -> None:
         if self._promises is not None:
             self._promises.close()
-        if self._sender is not None:
-            self._sender.close()
-        if self._writer is not None:
-            self._writer.close()
+        if self._captures is not None:
+            self._captures.close()
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
