@@ -37,7 +37,7 @@ from hsx.runtime.kafka import ConsumerErrors, consumer_config
 from hsx.runtime.kafka.config import SEES_NEW_TOPICS
 from hsx.runtime.recent import RecentKeys
 from hsx.runtime.settings import KafkaSettings
-from hsx.schemas import HiddenStatesReady
+from hsx.schemas import HiddenStatesReady, sample_id
 from hsx.schemas.topics import READY
 
 READ_AHEAD_BYTES = 64 << 20
@@ -96,7 +96,7 @@ class Dataset:
         return len(self._events)
 
     def __contains__(self, request_id: object) -> bool:
-        return request_id in self._events
+        return isinstance(request_id, str) and sample_id(request_id) in self._events
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """Every sample in index order (a shard's samples together)."""
@@ -110,11 +110,13 @@ class Dataset:
         return list(self._events)
 
     def event(self, request_id: str) -> HiddenStatesReady:
-        """The ready event (shard, tensor names, shapes, model) of one sample."""
-        return self._events[request_id]
+        """The ready event (shard, tensor names, shapes, model) of one sample, by
+        its id or by the id its prompt had (``HumanEval/0``: :func:`sample_id`)."""
+        return self._events[sample_id(request_id)]
 
     def __getitem__(self, request_id: str) -> dict[str, Any]:
-        event = self._events[request_id]
+        """One sample, by its id or by the id its prompt had."""
+        event = self.event(request_id)
         return _sample(self.shards.get(event.shard), event)
 
 

@@ -34,7 +34,7 @@ from hsx.dataset.safetensors_io import write_safetensors
 from hsx.dataset.sample import FileRange, Pieces, Sample
 from hsx.dataset.spool import ShardSpool, fixed_head_bytes, head_bytes, room_for
 from hsx.dataset.storage import Storage
-from hsx.schemas import HiddenStatesReady, ShardIndex, TensorNames, ready_event_id
+from hsx.schemas import HiddenStatesReady, ShardIndex, SourceRef, TensorNames, ready_event_id
 from hsx.schemas.keys import KEY_RECORD, encode_keys, request_key, token_key
 from hsx.schemas.shard import ShardMetadata
 
@@ -213,7 +213,8 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
             num_tokens=m.num_tokens, layer_ids=m.layer_ids, dtype=m.dtype, hidden_size=m.hidden_size,
             model=m.model, checksum=sample.checksum or _checksum(sample), metadata=m.metadata,
             generation=m.generation, capture=m.capture, codec=sample.codec,
-            shape=(m.captured_tokens, len(m.layer_ids), m.hidden_size)))
+            shape=(m.captured_tokens, len(m.layer_ids), m.hidden_size),
+            source_request_id=m.source.request_id if isinstance(m.source, SourceRef) else None))
     metadata = _metadata(shard.samples[0], [s.manifest.request_id for s in shard.samples])
     if shard.spool is None or not shard.spool.landed_shard(tensors, metadata):
         with storage.open_atomic(shard_path, cache=False) as out:  # read back elsewhere, if here not soon

@@ -18,7 +18,7 @@ from hsx.extractor.prompts import PreparedPrompt
 from hsx.extractor.stats import ExtractorStats
 from hsx.runtime.errors import InvalidInput, ServiceFailed
 from hsx.runtime.logs import record_fields
-from hsx.schemas import ErrorClass, GeneratedTurn, PromptEvent, SourceRef
+from hsx.schemas import ErrorClass, GeneratedTurn, PromptEvent, SourceRef, sample_id
 from hsx.schemas.connector import RequestParams
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,10 @@ class Attempts:
         """One attempt: the earlier turns of a chat regenerated turn by turn (if
         any), then the final pass, whose records the connector sends."""
         tokens, spans, turns = await self._earlier_turns(event, prepared, attempt_id)
-        params = RequestParams(request_id=event.request_id, attempt_id=attempt_id, source=source,
+        key = sample_id(event.request_id)
+        if key != event.request_id:
+            source = source.model_copy(update={"request_id": event.request_id})
+        params = RequestParams(request_id=key, attempt_id=attempt_id, source=source,
                                loss_mask_spans=spans, metadata=event.metadata, generation=event.generation,
                                capture=event.capture or "all",
                                earlier_turns=turns or None)

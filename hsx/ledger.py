@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, Message
 
 from hsx.runtime.kafka import ConsumerErrors, consumer_config
 from hsx.runtime.settings import KafkaSettings
-from hsx.schemas import DlqHeaders, ErrorClass, HiddenStatesReady, Topics
+from hsx.schemas import DlqHeaders, ErrorClass, HiddenStatesReady, Topics, sample_id
 
 log = logging.getLogger(__name__)
 
@@ -111,4 +111,4 @@ def account(ledger: Outcomes, topics: Topics, message: Message) -> None:
         ledger.record_ready(HiddenStatesReady.model_validate_json(message.value() or b""))
     elif message.key():  # the producer's invalid lines have no request id: counted at publishing
         headers = DlqHeaders.from_kafka(message.headers())
-        ledger.record_dead_letter(message.key().decode(), headers.error_class)
+        ledger.record_dead_letter(sample_id(message.key().decode()), headers.error_class)

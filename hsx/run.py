@@ -47,7 +47,7 @@ from hsx.runtime.errors import ExitCode
 from hsx.runtime.kafka import RecordProducer, ensure_topics
 from hsx.runtime.kafka.admin import ONE_SHOT_CONNECT_TIMEOUT, add_connect_timeout
 from hsx.runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettings
-from hsx.schemas import Topics
+from hsx.schemas import Topics, sample_id
 from hsx.schemas.connector import WireDType
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.run_plan import RunPlan
@@ -143,7 +143,7 @@ def run_pipeline(plan: RunPlan) -> RunReport:
             if not ledger.published:  # the first prompt to do: start the services (engine start overlaps publishing)
                 for service in services:
                     service.start()
-            ledger.published.add(request_id)
+            ledger.published.add(sample_id(request_id))  # the id its ready event will carry
 
         failures: list[str] = []
         try:

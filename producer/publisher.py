@@ -16,7 +16,16 @@ from hsx.producer.sources import DatasetFormat, MappingError, SourceLine, to_eve
 from hsx.runtime.errors import InvalidInput
 from hsx.runtime.kafka import RecordProducer
 from hsx.runtime.kafka.dead_letters import DeadLetters
-from hsx.schemas import DEFAULT_LIMITS, ErrorClass, Generation, PromptEvent, PromptLimits, Topics, format_validation_error
+from hsx.schemas import (
+    DEFAULT_LIMITS,
+    ErrorClass,
+    Generation,
+    PromptEvent,
+    PromptLimits,
+    Topics,
+    format_validation_error,
+    sample_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +167,7 @@ class Publisher:
                 self._dead_letter(exc)
                 summary.dead_lettered += 1
             return None
-        if event.request_id in skip_ids:
+        if sample_id(event.request_id) in skip_ids:
             summary.skipped += 1
             return None
         value = event.model_dump_json(exclude_none=True).encode()

@@ -4,7 +4,7 @@ boundary."""
 
 from hsx.schemas.blocks import BlockHeader, BlockRecordHeaders, Codec, DType, RecordKind, Segment
 from hsx.schemas.manifest import BlockRef, Manifest, PayloadRef, ServedRef, SourceRef, staged_key
-from hsx.schemas.common import SCHEMA_VERSION, RequestId, StrictModel, format_validation_error
+from hsx.schemas.common import SCHEMA_VERSION, RequestId, StrictModel, format_validation_error, sample_id
 from hsx.schemas.dlq import DlqHeaders, ErrorClass
 from hsx.schemas.generation import FinishReason, GeneratedTurn, Generation, GenerationRecord
 from hsx.schemas.limits import DEFAULT_LIMITS, PromptLimits
@@ -44,5 +44,6 @@ __all__ = [
     "Topics",
     "format_validation_error",
     "ready_event_id",
+    "sample_id",
     "staged_key",
 ]

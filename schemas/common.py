@@ -27,6 +27,23 @@ def _check_request_id(value: str) -> str:
 RequestId = Annotated[str, AfterValidator(_check_request_id)]
 """1-128 chars of ``[A-Za-z0-9._:-]``, never ``.``/``..``: safe as a file or tensor name."""
 
+SOURCE_ID_CHARS = 1024
+
+SourceRequestId = Annotated[str, Field(min_length=1, max_length=SOURCE_ID_CHARS)]
+"""Any id a dataset gave its row (``HumanEval/0``): the sample's own
+``request_id`` is its :func:`sample_id`."""
+
+
+def sample_id(identifier: str) -> str:
+    """The sample id of a prompt whose id is ``identifier``: the id itself when it
+    is a :data:`RequestId`, else its :func:`safe_name`. The same every time, and
+    its own key (``sample_id(sample_id(x)) == sample_id(x)``), so a dataset
+    can be asked for a sample by the id its prompt had."""
+    try:
+        return _check_request_id(identifier)
+    except ValueError:
+        return safe_name(identifier)
+
 _SAFE_NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 _UNSAFE_CHARS_RE = re.compile(r"[^A-Za-z0-9._-]+")
 

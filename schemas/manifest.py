@@ -10,7 +10,16 @@ from typing import Annotated, Literal
 from pydantic import Field, JsonValue, field_validator, model_validator
 
 from hsx.schemas.blocks import AttemptId, Checksum, Codec, DType, Quantization
-from hsx.schemas.common import SCHEMA_VERSION, Capture, NonNegativeInt, PositiveInt, RequestId, StrictModel, TokenId
+from hsx.schemas.common import (
+    SCHEMA_VERSION,
+    SOURCE_ID_CHARS,
+    Capture,
+    NonNegativeInt,
+    PositiveInt,
+    RequestId,
+    StrictModel,
+    TokenId,
+)
 from hsx.schemas.generation import GenerationRecord
 
 
@@ -57,6 +66,9 @@ class SourceRef(StrictModel):
     topic: str
     partition: NonNegativeInt
     offset: NonNegativeInt
+    request_id: str | None = Field(default=None, max_length=SOURCE_ID_CHARS)
+    """The event's own id when the sample's is its ``sample_id`` (an id no
+    path or tensor name could take, e.g. ``HumanEval/0``)."""
 
 
 SERVED_REQUEST_ID_CHARS = 1024

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import JsonValue, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from hsx.schemas.common import SCHEMA_VERSION, Capture, RequestId, StrictModel, TokenId
+from hsx.schemas.common import SCHEMA_VERSION, Capture, SourceRequestId, StrictModel, TokenId
 from hsx.schemas.generation import Generation
 from hsx.schemas.limits import DEFAULT_LIMITS, check_json_bounds, limits_of as _limits
 from hsx.schemas.messages import ImagePart, Message
@@ -35,7 +35,8 @@ class PromptEvent(StrictModel):
     ``hidden_states.ready`` event."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
-    request_id: RequestId
+    request_id: SourceRequestId
+    """Any id (``HumanEval/0``); the sample's is its :func:`~hsx.schemas.common.sample_id`."""
     prompt: str | None = None
     token_ids: list[TokenId] | None = None
     messages: list[Message] | None = None

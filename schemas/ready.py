@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, JsonValue
 
 from hsx.schemas.blocks import Checksum, DType, PositiveInt
-from hsx.schemas.common import SCHEMA_VERSION, Capture, NonNegativeInt, RequestId, StrictModel
+from hsx.schemas.common import SCHEMA_VERSION, SOURCE_ID_CHARS, Capture, NonNegativeInt, RequestId, StrictModel
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.schemas.generation import GenerationRecord
 
@@ -68,6 +68,9 @@ class HiddenStatesReady(StrictModel):
     generation: GenerationRecord | None = None
     """How the answer was generated (token ranges, finish reasons, parameters,
     the final token), when the prompt asked for one."""
+    source_request_id: str | None = Field(default=None, max_length=SOURCE_ID_CHARS)
+    """The prompt's own id when ``request_id`` is its ``sample_id`` (an id no
+    path or tensor name could take, e.g. ``HumanEval/0``)."""
 
 
 def ready_event_id(dataset: str, request_id: str) -> str:
