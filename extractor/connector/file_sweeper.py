@@ -10,7 +10,8 @@ import logging
 import os
 import threading
 import time
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from hsx.schemas.connector import FilesConfig
@@ -110,32 +111,38 @@ class FileSweeper:
 
 
 def is_held(path: str) -> bool:
-    """Whether someone holds ``<path>.lock`` now (a writer mid-write)."""
-    try:
-        fd = os.open(path + LOCK_SUFFIX, os.O_RDWR)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
+    """Whether someone holds ``<path>.lock`` exclusively now (a writer mid-write)."""
+    with _probed(path, fcntl.LOCK_SH) as got:
+        return got is False
 
 
 def unlink_unheld_lock(path: str) -> bool:
     """Remove ``<path>.lock`` unless someone holds it (a writer mid-write, a
     reader mid-read); whether it was removed here."""
+    with _probed(path, fcntl.LOCK_EX) as got:
+        if got:
+            with suppress(FileNotFoundError):
+                os.unlink(path + LOCK_SUFFIX)
+                return True
+        return False
+
+
+@contextmanager
+def _probed(path: str, operation: int) -> Iterator[bool | None]:
+    """``<path>.lock`` opened and ``flock``ed with ``operation`` without waiting:
+    ``True`` (taken here, until the block ends), ``False`` (someone holds it) or
+    ``None`` (no lock file)."""
     try:
         fd = os.open(path + LOCK_SUFFIX, os.O_RDWR)
     except FileNotFoundError:
-        return False
+        yield None
+        return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.unlink(path + LOCK_SUFFIX)
-        return True
-    except (BlockingIOError, FileNotFoundError):
-        return False
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+        else:
+            yield True
     finally:
         os.close(fd)
