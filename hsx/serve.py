@@ -31,7 +31,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -44,9 +43,9 @@ from hsx.runtime.errors import ExitCode
 from hsx.runtime.health import HealthServer
 from hsx.schemas.connector import EXTRA_CONFIG_KEY, REPORTS_KEY
 from hsx.schemas.dataset_codec import DatasetCodec
-from hsx.serve_pipeline import dataset_side
+from hsx.serve_pipeline import Drained, dataset_side
 from hsx.serve_plan import ServePlan, plan_from_args
-from hsx.serve_reports import ReportReceiver, Tally
+from hsx.serve_reports import ReportReceiver
 from hsx.summary import render
 
 SERVER = "vllm.entrypoints.openai.api_server"
@@ -156,27 +155,23 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
             stop.wait(0.5)
         failures = _stop_server(server, plan)
         reports.close()
-        missing, unconfirmed = (pipeline.wait_announced(reports.samples.lost) if pipeline is not None
-                                else (set(), reports.samples.lost))
-        reports.settle_samples(unconfirmed)
-        dead = pipeline.announcements.dead if pipeline is not None else Counter()
+        drained = (pipeline.wait_announced(reports.samples.lost) if pipeline is not None
+                   else Drained(unconfirmed=reports.samples.lost))
+        reports.settle_samples(drained.unconfirmed)
         if pipeline is not None:
             failures += pipeline.stop()
-        return _summarize(plan, reports, missing, dead, failures, time.monotonic() - started)
+        return _summarize(plan, reports, drained, failures, time.monotonic() - started)
 
 
-def _summarize(plan: ServePlan, reports: ReportReceiver, missing: set[str], dead: Counter[str], failures: list[str],
-               seconds: float) -> int:
+def _summarize(plan: ServePlan, reports: ReportReceiver, drained: Drained, failures: list[str], seconds: float) -> int:
     """Step 7: the summary table, every lost capture named on stderr, the exit status."""
-    print(render(_rows(plan, reports.files, reports.samples, missing, dead, len(reports.earlier), seconds)),
-          flush=True)
-    lost = (reports.files.failed + len(reports.files.lost) + reports.samples.failed + len(reports.samples.lost)
-            + len(missing) + dead.total())
+    print(render(_rows(plan, reports, drained, seconds)), flush=True)
+    lost = reports.files.failed + len(reports.files.lost) + reports.samples.failed + drained.lost
     for failure in failures:
         print(f"hsx serve: {failure}", file=sys.stderr)
     for what, ids in (("files promised, never written (the engine was gone)", reports.files.lost),
-                      ("samples promised, never acknowledged (the engine was gone)", reports.samples.lost),
-                      ("samples acknowledged, never announced", sorted(missing))):
+                      ("samples promised, never acknowledged (the engine was gone)", drained.unconfirmed),
+                      ("samples acknowledged, never announced", sorted(drained.missing))):
         if ids:
             print(f"hsx serve: {what}: {', '.join(ids)}", file=sys.stderr)
     ok = not failures and not lost
@@ -219,11 +214,11 @@ def _stop_server(server: HsxService, plan: ServePlan) -> list[str]:
     return [] if status == 0 else [f"vLLM's server exited with {status} on SIGTERM (log: {server.log_path()})"]
 
 
-def _rows(plan: ServePlan, files: Tally, samples: Tally, missing: set[str], dead: Counter[str], earlier: int,
-          seconds: float) -> list[tuple[str, str]]:
+def _rows(plan: ServePlan, reports: ReportReceiver, drained: Drained, seconds: float) -> list[tuple[str, str]]:
     """The summary table's rows."""
     rows = [("served for", f"{seconds:,.0f} s")]
-    for name, tally, on in (("files", files, plan.files is not None), ("samples", samples, plan.sends)):
+    for name, tally, on in (("files", reports.files, plan.files is not None),
+                            ("samples", reports.samples, plan.sends)):
         if not on:
             continue
         p50, p99 = tally.lag_quantile(0.5), tally.lag_quantile(0.99)
@@ -233,11 +228,13 @@ def _rows(plan: ServePlan, files: Tally, samples: Tally, missing: set[str], dead
                                   + (f": {tally.errors[0]}" if tally.errors else "")),
                  (f"{name} capture lag p50 / p99", "-" if p50 is None else f"{p50:.3f} / {p99:.3f} s")]
     if plan.output is not None:
-        rows += [("samples not announced", f"{len(missing):,}"),
-                 ("samples dead-lettered", ", ".join(f"{n:,} {c}" for c, n in sorted(dead.items())) or "0"),
+        rows += [("samples announced", f"{drained.announced:,}"),
+                 ("samples not announced", f"{len(drained.missing):,}"),
+                 ("samples dead-lettered", ", ".join(f"{n:,} {c}" for c, n in sorted(drained.dead.items())) or "0"),
                  ("dataset", plan.output)]
     if plan.files is not None:
-        if earlier:
-            rows.append(("files an earlier server lost", f"{earlier:,} (found at the start, their locks removed)"))
+        if reports.earlier:
+            rows.append(("files an earlier server lost",
+                         f"{len(reports.earlier):,} (found at the start, their locks removed)"))
         rows.append(("files in", plan.files))
     return rows

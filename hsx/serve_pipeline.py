@@ -12,6 +12,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,23 @@ Kafka acknowledged before the rest counts as lost."""
 UNCONFIRMED_SECONDS = 10.0
 """After those, how long samples promised with no report (the engine died; Kafka
 may have acknowledged them a moment before) may take to be announced."""
+
+
+@dataclass
+class Drained:
+    """What the dataset side says at the end (step 6)."""
+
+    missing: set[str] = field(default_factory=set)
+    """Acknowledged by Kafka, never announced."""
+    unconfirmed: list[str] = field(default_factory=list)
+    """Promised with no report (the engine died), never announced: lost."""
+    dead: Counter[str] = field(default_factory=Counter)
+    """Acknowledged, then dead-lettered by the sink, by error class: lost."""
+    announced: int = 0
+
+    @property
+    def lost(self) -> int:
+        return len(self.missing) + len(self.unconfirmed) + self.dead.total()
 
 
 class Announcements:
@@ -128,14 +146,14 @@ class DatasetSide:
             config["model"] = plan.model_name
         return config
 
-    def wait_announced(self, unconfirmed: list[str]) -> tuple[set[str], list[str]]:
+    def wait_announced(self, unconfirmed: list[str]) -> Drained:
         """Step 6, the sink's part (after every report was read): the acknowledged
         samples it has not announced within :data:`ANNOUNCE_SECONDS` (or before it
         or the follower of its ready events stopped), and those of ``unconfirmed``
         not announced within :data:`UNCONFIRMED_SECONDS` more (a sample announced
         later still was counted lost: an overcount, never a silent loss)."""
         if self.sink is None or self._follower is None:
-            return set(), unconfirmed  # the cluster's sinks announce them
+            return Drained(unconfirmed=unconfirmed)  # the cluster's sinks announce them
         now = time.monotonic()
         deadline, settled = now + ANNOUNCE_SECONDS, None
         while now < deadline and self.sink.exited() is None and self._follower.is_alive():
@@ -145,7 +163,8 @@ class DatasetSide:
                     break
             time.sleep(0.2)
             now = time.monotonic()
-        return self.announcements.missing(), self.announcements.not_announced(unconfirmed)
+        a = self.announcements
+        return Drained(a.missing(), a.not_announced(unconfirmed), Counter(a.dead), a.announced)
 
     def stop(self) -> list[str]:
         self._stop.set()
