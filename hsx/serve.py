@@ -141,12 +141,12 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
         stack.callback(lambda: server.exited() is None and server.kill())
         health = HealthServer(plan.health_port, ready=lambda: _answers(server, reports), host=plan.host).start()
         stack.callback(health.stop)
-        started = time.monotonic()
         try:
             ready = server.wait_ready(timeout=1800, stop=stop)  # False: Ctrl-C while it started, so the drain
         except ServiceError as exc:
             print(f"hsx serve: vLLM's server did not start: {exc}", file=sys.stderr)
             return ExitCode.FAILED
+        started = time.monotonic()
         if ready:
             print(f"hsx serve: serving {plan.model_name or plan.engine.model} at http://{plan.host}:{plan.port}/v1 "
                   f"(hsx metrics at http://{plan.host}:{health.port}/metrics); Ctrl-C to stop", file=sys.stderr,

@@ -112,7 +112,7 @@ def test_kill_9_of_the_engine_under_load_loses_only_what_it_names(model: Path, f
     serve = _serve(model, files, output, kafka_bootstrap, tmp_path)
     answered: list[dict[str, Any]] = []
     rejected: list[dict[str, Any]] = []
-    with serve.start():
+    with serve:
         serve.wait_ready(timeout=600)
         with _load(serve, model, answered, rejected):
             (server,) = [p for p in psutil.Process(serve.pid).children()
@@ -152,9 +152,9 @@ def test_a_silent_broker_then_sigterm_leave_every_answered_request_in_the_datase
     orphans = [lock for lock in files.glob("*.safetensors.lock") if not lock.with_suffix("").exists()]
     answered: list[dict[str, Any]] = []
     rejected: list[dict[str, Any]] = []
-    with EmbeddedBroker().start() as broker:  # its own, to stop answering
+    with EmbeddedBroker() as broker:  # its own, to stop answering
         serve = _serve(model, files, output, broker.bootstrap, tmp_path)
-        with serve.start():
+        with serve:
             serve.wait_ready(timeout=600)
             with _load(serve, model, answered, rejected):
                 scraped = metric_sum(serve_health_port(serve), "hsx_serve_captures_total")
