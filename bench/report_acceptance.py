@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from bench.report import Block, Bullets, Cells, Results, Table, When, fmt
+from bench.report_blocks import Block, Bullets, Cells, Results, Table, When, fmt
 
 ARMS = (
     ("offline", "(a) offline: `hsx export` + speculators' `train`"),

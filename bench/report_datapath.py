@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from bench.report import Block, Bullets, Cells, Results, Table, When
+from bench.report_blocks import Block, Bullets, Cells, Results, Table, When
 
 TRANSPORTS = ("inline", "s3", "directory")
 PROCESSES = (("connector", "connector side"), ("sink", "sink"), ("broker", "broker (tansu)"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from bench.report import Block, Cells, Results, Table, When, fmt
+from bench.report_blocks import Block, Cells, Results, Table, When, fmt
 
 
 def _codec_rows(r: Results) -> Iterator[Cells]:

@@ -1,4 +1,4 @@
-"""The benchmarks page as a typed description (see :mod:`bench.report`): ``PAGE``,
+"""The benchmarks page as a typed description (see :mod:`bench.report_blocks`): ``PAGE``,
 its blocks in order, and :func:`derived`, the figures it shows that are computed
 from others."""
 
@@ -7,11 +7,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from bench.report import (AT_MOST, DATASET_CODECS, LENGTHS, TARGETS, Block, Bullets, Cells, Results, Table, When,
-                          fmt)
 from bench.report_acceptance import ACCEPTANCE
+from bench.report_blocks import Block, Bullets, Cells, Results, Table, When, fmt
 from bench.report_datapath import DATAPATH
 from bench.report_gpu import GPU
+from bench.report_targets import AT_MOST, TARGETS
+
+LENGTHS = [256, 512, 1024, 2048, 4096]
+DATASET_CODECS = ["raw", "byteplane-zstd", "fp8", "fp8-zstd", "fp8-zstd-3"]
 
 
 def _ms(seconds: Any) -> str:
