@@ -18,8 +18,9 @@ Threads:
   retries stalled transfers.
 
 Each transfer's state is guarded by its own lock, taken by all three; the
-sender's lock (budget, finished and stalled transfers) is only ever taken inside
-a transfer's lock or alone, never the other way round. Nothing blocks or sleeps
+sender's lock (stalled transfers) and the in-flight budget's
+(:mod:`~hsx.extractor.connector.budget`: bytes, finished requests) are only ever
+taken inside a transfer's lock or alone, never the other way round. Nothing blocks or sleeps
 while holding a lock: when librdkafka's local queue is full a transfer is left
 *stalled* (its next record not queued) and the poller, which frees room by
 serving delivery reports, produces it again after each poll. Nothing here
@@ -44,6 +45,7 @@ from typing_extensions import Buffer
 from hsx.codecs.framing import Record
 from hsx.extractor.completion import CompletionSender
 from hsx.extractor.connector.gather import Gathered
+from hsx.extractor.connector.budget import Budget
 from hsx.extractor.connector.metadata import SendJob
 from hsx.extractor.connector.records import block_ranges, block_ref, encode_rows, manifest_record, raw_bytes
 from hsx.extractor.connector.staging import Stager
@@ -73,8 +75,6 @@ class BlockSender:
     ) -> None:
         self._config = config
         self._state = state
-        self._last_ack = time.monotonic()
-        self._full_since: float | None = None
         self._layer_ids = layer_ids
         self._completions = completions
         self._producer = RecordProducer.connect(
@@ -85,13 +85,10 @@ class BlockSender:
         )
         self._pool = ThreadPoolExecutor(config.compress_threads, thread_name_prefix="hsx-encode")
         self._stager = Stager(config.payload_store, config.upload_threads) if config.payload_store else None
+        self._budget = Budget(config.max_inflight_bytes)
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._finished: set[str] = set()
         self._stalled: dict[Transfer, None] = {}
         """Transfers whose next record found the queue full, oldest first."""
-        self._inflight_bytes = 0
-        self._inflight = 0
         self._closing = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="hsx-kafka-poll", daemon=True)
         self._poller.start()
@@ -101,10 +98,7 @@ class BlockSender:
     def has_room(self, nbytes: int) -> bool:
         """Whether a request of ``nbytes`` raw bytes fits the in-flight budget (one
         request always fits when nothing else is in flight)."""
-        with self._lock:
-            room = self._inflight == 0 or self._inflight_bytes + nbytes <= self._config.max_inflight_bytes
-            self._full_since = None if room else self._full_since or time.monotonic()
-            return room
+        return self._budget.has_room(nbytes)
 
     def submit(self, job: SendJob, gathered: Gathered) -> None:
         """Start sending one request's hidden states."""
@@ -112,11 +106,7 @@ class BlockSender:
         params = RequestParams.model_validate(job.params, strict=False)
         ranges = block_ranges(gathered, self._config.target_block_bytes)
         transfer = Transfer(job, params, gathered, ranges, raw_bytes=raw_bytes(gathered))
-        with self._lock:
-            if self._inflight == 0:
-                self._last_ack = time.monotonic()  # waiting starts now, not at the last acknowledgement
-            self._inflight += 1
-            self._inflight_bytes += transfer.raw_bytes
+        self._budget.admit(transfer.raw_bytes)
         if self._stager is not None:
             transfer.uploading = True
             self._stager.stage(params.request_id, params.attempt_id, self._staged_blocks(transfer),
@@ -141,15 +131,12 @@ class BlockSender:
             self._completions.send(
                 CompletionReport(request_id=params.request_id, attempt_id=params.attempt_id, ok=False, error=reason)
             )
-        with self._lock:
-            self._finished.add(job.engine_request_id)
+        self._budget.never_admitted(job.engine_request_id)
 
     def take_finished(self) -> set[str]:
         """Engine request ids whose transfer ended (acknowledged or failed) since
         the last call; vLLM may free their blocks now."""
-        with self._lock:
-            finished, self._finished = self._finished, set()
-        return finished
+        return self._budget.take_finished()
 
     # -- compression pool (inline) and stager (by reference) ------------------------------
 
@@ -254,13 +241,7 @@ class BlockSender:
             self._retry_stalled()
             if self._state is not None and time.monotonic() - told >= STATE_SECONDS:
                 told = time.monotonic()
-                self._state(self.state(told))
-
-    def state(self, now: float) -> KafkaState:
-        with self._lock:
-            return KafkaState(in_flight=self._inflight, in_flight_bytes=self._inflight_bytes,
-                              unacknowledged_s=now - self._last_ack if self._inflight else 0.0,
-                              full_s=now - self._full_since if self._full_since is not None else 0.0)
+                self._state(self._budget.state(told))
 
     def _retry_stalled(self) -> None:
         """Produce again for the transfers that found the queue full (the poll just
@@ -273,7 +254,7 @@ class BlockSender:
                 self._produce_ready(transfer)
 
     def _acked(self, transfer: Transfer) -> None:
-        self._last_ack = time.monotonic()
+        self._budget.acked()
         with transfer.lock:
             transfer.unacked -= 1
             self._maybe_complete(transfer)
@@ -311,21 +292,17 @@ class BlockSender:
             transfer.gathered.release()
         self._completions.send(report)
         with self._lock:
-            self._inflight -= 1
-            self._inflight_bytes -= transfer.raw_bytes
-            self._finished.add(transfer.job.engine_request_id)
             self._stalled.pop(transfer, None)
-            self._idle.notify_all()
+        self._budget.settle(transfer.job.engine_request_id, transfer.raw_bytes)
 
     def close(self, timeout: float = 30.0) -> None:
         """Wait up to ``timeout`` for the transfers in flight to end, then stop threads."""
         self._pool.shutdown(wait=True)
         if self._stager is not None:
             self._stager.close()
-        with self._idle:
-            if not self._idle.wait_for(lambda: self._inflight == 0, timeout):
-                log.warning("closing with %d transfer(s) unfinished after %.0fs: their attempts are not reported",
-                            self._inflight, timeout)
+        if unfinished := self._budget.wait_idle(timeout):
+            log.warning("closing with %d transfer(s) unfinished after %.0fs: their attempts are not reported",
+                        unfinished, timeout)
         self._closing.set()
         self._poller.join(timeout=5)
         self._completions.close()
