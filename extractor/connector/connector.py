@@ -36,7 +36,6 @@ from the environment the engine processes inherit.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +54,7 @@ from hsx.extractor.connector.captures import Captures
 from hsx.extractor.connector.kafka_settings import read_kafka_settings
 from hsx.extractor.connector.request_options import Asked, read_request, served_params
 from hsx.extractor.connector.files import FileWriter
-from hsx.extractor.connector.metadata import GeneratedTail, HsxConnectorMetadata, SendJob
+from hsx.extractor.connector.metadata import HsxConnectorMetadata, SendJob, send_job
 from hsx.extractor.connector.sender import BlockSender
 from hsx.schemas.connector import (
     CAPTURE_ERROR_KEY,
@@ -112,8 +111,7 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         )
         draft = vllm_config.speculative_config.draft_model_config.hf_config
         requested = list(draft.eagle_aux_hidden_state_layer_ids)
-        # vLLM stores the layers in sorted order (models/interfaces.py), so cache
-        # row j holds sorted(layer_ids)[j].
+        # vLLM stores the layers in sorted order (models/interfaces.py): cache row j holds sorted(layer_ids)[j].
         self._layer_ids = sorted(set(requested))
         if len(self._layer_ids) != len(requested):
             raise ValueError(f"duplicate hidden-state layer ids {requested}")
@@ -181,7 +179,7 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         if params is None and file is None:
             return False, response or None
         capture = params.get("capture", "all") if params is not None else asked.capture if asked else "all"
-        self._outbox.append(_send_job(request, block_ids, params, capture, file,
+        self._outbox.append(send_job(request, block_ids, params, capture, file,
                                       bool(transfer.get(INCLUDE_OUTPUT_KEY))))
         if file is not None:
             response[HIDDEN_STATES_PATH_KEY] = file
@@ -300,22 +298,3 @@ def _completed(config: ConnectorConfig, vllm_config: VllmConfig, num_layers: int
     filled = {"model": config.model or model_config.served_model_name or model_config.model,
               "max_request_bytes": config.max_request_bytes or largest}
     return ConnectorConfig.model_validate({**config.model_dump(), **filled})
-
-
-def _send_job(request: Request, block_ids: list[int], params: dict[str, Any] | None, capture: str,
-              file: str | None, include_output: bool) -> SendJob:
-    """What the worker side sends for a finished request. A plain prefill sends the
-    prompt's tokens; a generation (or ``include_output_tokens``) sends every token
-    that was an input of a forward pass (prompt + answer, but not the final token,
-    which never was one) and records the answer."""
-    from vllm.v1.request import FinishReason
-
-    if (params is None or params.get("generation") is None) and not include_output:
-        tokens, answer = list(request.prompt_token_ids or []), None
-    else:
-        every = list(request.all_token_ids)
-        tokens = every[:-1]
-        answer = GeneratedTail(prompt_tokens=request.num_prompt_tokens, final_token_id=every[-1],
-                               finish_reason="stop" if request.get_finished_reason() == FinishReason.STOP else "length")
-    first_row = len(tokens) - 1 if capture == "last" else 0
-    return SendJob(request.request_id, list(block_ids), tokens, params, answer, first_row, file, time.time())

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 from hsx.schemas import GeneratedTurn, GenerationRecord
 from hsx.schemas.connector import RequestParams
+
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
 
 
 @dataclass
@@ -75,3 +79,22 @@ def answer_fields(job: SendJob, params: RequestParams) -> dict[str, Any]:
     turns = [*(params.earlier_turns or []), turn]
     record = GenerationRecord(params=params.generation, turns=turns, final_token_id=answer.final_token_id)
     return {"loss_mask_spans": spans, "generation": record, "capture": params.capture}
+
+
+def send_job(request: Request, block_ids: list[int], params: dict[str, Any] | None, capture: str,
+              file: str | None, include_output: bool) -> SendJob:
+    """What the worker side sends for a finished request. A plain prefill sends the
+    prompt's tokens; a generation (or ``include_output_tokens``) sends every token
+    that was an input of a forward pass (prompt + answer, but not the final token,
+    which never was one) and records the answer."""
+    from vllm.v1.request import FinishReason
+
+    if (params is None or params.get("generation") is None) and not include_output:
+        tokens, answer = list(request.prompt_token_ids or []), None
+    else:
+        every = list(request.all_token_ids)
+        tokens = every[:-1]
+        answer = GeneratedTail(prompt_tokens=request.num_prompt_tokens, final_token_id=every[-1],
+                               finish_reason="stop" if request.get_finished_reason() == FinishReason.STOP else "length")
+    first_row = len(tokens) - 1 if capture == "last" else 0
+    return SendJob(request.request_id, list(block_ids), tokens, params, answer, first_row, file, time.time())
