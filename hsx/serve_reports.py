@@ -178,8 +178,10 @@ class ReportReceiver:
             CAPTURES.labels("file", "orphaned").inc()
             return
         output, tally = ("file", self.files) if isinstance(report, FileReport) else ("sample", self.samples)
-        tally.promised.close(report.path if isinstance(report, FileReport) else report.request_id,
-                             "ok" if report.ok else "failed")
+        key = report.path if isinstance(report, FileReport) else report.request_id
+        tally.promised.close(key, "ok" if report.ok else "failed")
+        if not report.ok:  # named here, once: the tally keeps counts only
+            log.error("%s %s lost: %s", output, key, report.error)
         with self._lock:
             tally.add(report.ok, report.raw_bytes, report.seconds, report.error)
         if isinstance(report, CompletionReport) and report.ok:

@@ -1,10 +1,11 @@
 """``hsx serve`` as a user runs it: one command, a file per response and the
 dataset, and what it promises when it ends.
 
-* kill -9 of vLLM's server under load (a lost engine): no partial file under a
-  final name; every answered request's file and sample complete and equal, or
-  named lost in hsx serve's log (and counted in its summary), never silently
-  missing; the dataset holds each sample once.
+* A full disk for the files, then kill -9 of vLLM's server under load (a lost
+  engine): the server answers on while files cannot be written; no partial file
+  under a final name; every answered request's file and sample complete and
+  equal, or named lost in hsx serve's log (and counted in its summary), never
+  silently missing; the dataset holds each sample once.
 * A broker that stops answering for a while, then SIGTERM with requests in
   flight, on the same directory: the server keeps answering and its ``/readyz``
   says Kafka is behind; the files the killed engine promised and never wrote are
@@ -15,7 +16,8 @@ dataset, and what it promises when it ends.
   own metrics count the captures beside vLLM's.
 
 Both tests run on one module's directories, in this order (the engine tests run
-on one worker, in file order)."""
+on one worker, in file order); the files' is a tmpfs (root, as on the CI
+machines), to be filled."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ from hsx.local.scrape import get, metric_sum
 from hsx.local.spawn import HsxService
 from hsx.reference import HFReference, max_relative_error
 from hsx.serve_reports import STALL_SECONDS
+from tests.mounts import tmpfs
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
@@ -55,9 +58,26 @@ def model() -> Path:
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One directory both servers write their files in, as a restarted pod's volume."""
-    return tmp_path_factory.mktemp("served-files")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One directory both servers write their files in, as a restarted pod's
+    volume: a file system of its own, to fill."""
+    with tmpfs(tmp_path_factory.mktemp("served-files"), "size=32m") as mount:
+        yield mount
+
+
+@contextmanager
+def _full(directory: Path) -> Iterator[None]:
+    """``directory``'s file system full until the block ends."""
+    filler = directory / "filler"
+    with filler.open("wb") as out:
+        with suppress(OSError):  # ENOSPC: full
+            while True:
+                out.write(bytes(1 << 20))
+                out.flush()
+    try:
+        yield
+    finally:
+        filler.unlink()
 
 
 def _serve(model: Path, files: Path, output: Path, bootstrap: str, logs: Path) -> HsxService:
@@ -106,26 +126,34 @@ def _load(serve: HsxService, model: Path, answered: list[dict[str, Any]],
             stop.set()
 
 
-def test_kill_9_of_the_engine_under_load_loses_only_what_it_names(model: Path, files: Path, kafka_bootstrap: str,
-                                                                  tmp_path: Path) -> None:
+def test_a_full_disk_then_kill_9_of_the_engine_under_load_lose_only_what_is_named(model: Path, files: Path,
+                                                                                  kafka_bootstrap: str,
+                                                                                  tmp_path: Path) -> None:
     output = tmp_path / "dataset"
     serve = _serve(model, files, output, kafka_bootstrap, tmp_path)
     answered: list[dict[str, Any]] = []
     rejected: list[dict[str, Any]] = []
     with serve:
         serve.wait_ready(timeout=600)
-        with _load(serve, model, answered, rejected):
+        with _load(serve, model, answered, rejected), _full(files):
+            before = len(answered)
+            deadline = time.monotonic() + 60
+            while len(answered) < before + 4 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            answered_while_full = len(answered) - before
             (server,) = [p for p in psutil.Process(serve.pid).children()
                          if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())]
             os.killpg(os.getpgid(server.pid), signal.SIGKILL)  # the engine and its workers, no warning
         status = serve.wait(300)
     log = serve.logs()
     assert status == 1 and "vLLM's server exited with -9" in log, log[-3000:]
-    assert len(answered) >= 8 and not rejected
-    lost_files = set(_listed(log, "files promised, never written"))
+    assert len(answered) >= 8 and answered_while_full >= 4 and not rejected  # it answered on while the disk was full
+    not_written = re.findall(r"file (\S+) lost: .*No space left on device", log)
+    assert not_written, log[-3000:]  # each named, with the reason
+    lost_files = set(_listed(log, "files promised, never written")) | set(not_written)
     lost_samples = set(_listed(log, "samples promised, never acknowledged"))
-    assert _row(log, "files lost").split()[0] == f"{len(lost_files):,}"  # counted as named, none failed otherwise
-    assert _row(log, "samples lost").split()[0] == f"{len(lost_samples):,}"
+    assert _count(_row(log, "files lost")) == len(lost_files)  # counted as named
+    assert _count(_row(log, "samples lost")) == len(lost_samples)
     assert not _listed(log, "samples acknowledged, never announced")  # the sink outlived the engine
     dataset = open_dataset(output)
     in_dataset = dataset.request_ids()
@@ -201,6 +229,13 @@ def _readiness_within(serve: HsxService, seconds: float, expected: str) -> str:
         said = f"{status} {body}"
         time.sleep(0.5)
     return said
+
+
+def _count(value: str) -> int:
+    """The number a summary row starts with (``4: OSError ...``, ``1 (1 promised ...)``)."""
+    match = re.match(r"[\d,]+", value)
+    assert match is not None, value
+    return int(match.group().replace(",", ""))
 
 
 def _listed(log: str, what: str) -> list[str]:
