@@ -75,7 +75,7 @@ def test_republishing_a_file_reuses_generated_ids(tmp_path: Path, kafka: KafkaSe
 
 def test_invalid_lines_go_to_dlq_with_reasons(tmp_path: Path, kafka: KafkaSettings, topic_settings: TopicSettings) -> None:
     path = tmp_path / "mixed.jsonl"
-    bad_lines = [b"{oops", orjson.dumps({"request_id": "../etc/passwd", "prompt": "x"}),
+    bad_lines = [b"{oops", orjson.dumps({"request_id": "", "prompt": "x"}),  # any id but an empty one
                  orjson.dumps({"request_id": "ok-2", "token_ids": [-4]})]
     good = [orjson.dumps({"request_id": f"ok-{i}", "prompt": "fine"}) for i in (1, 3)]
     path.write_bytes(b"\n".join([good[0], bad_lines[0], bad_lines[1], good[1], bad_lines[2]]) + b"\n")
