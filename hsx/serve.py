@@ -16,9 +16,10 @@ response's hidden states as a file (``--shared-storage-path``), in a dataset
 6. Drain: SIGTERM to vLLM's server, which stops taking requests and answers
    those in flight (``--shutdown-timeout``); its connector finishes every
    capture before the engine exits (files unlocked, samples acknowledged by
-   Kafka). Then wait until the sink announced every acknowledged sample on
-   ``hidden_states.ready``, and stop the sink.
-7. Print the summary; exit 0 when no capture was lost.
+   Kafka). A promise no report kept (the engine died instead) is lost. Then
+   wait until the sink announced every acknowledged sample on
+   ``hidden_states.ready`` (followed since step 2), and stop the sink.
+7. Print the summary, name every lost capture; exit 0 when none was lost.
 """
 
 from __future__ import annotations
