@@ -67,7 +67,9 @@ def engine_args(options: EngineOptions, connector: ConnectorConfig) -> Any:
         # torchvision). No effect on a text-only model.
         language_model_only=True,
         speculative_config=speculative_config(options.layer_ids),
-        kv_transfer_config=kv_transfer_config({EXTRA_CONFIG_KEY: connector.model_dump(mode="json")}),
+        # This engine's requests always carry the extractor's RequestParams, whoever built the config.
+        kv_transfer_config=kv_transfer_config({EXTRA_CONFIG_KEY: {**connector.model_dump(mode="json"),
+                                                                  "requests": "extractor"}}),
     )
     if options.max_num_seqs is not None:
         kwargs["max_num_seqs"] = options.max_num_seqs

@@ -103,6 +103,7 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         extra = read_extra_config(self._kv_transfer_config.kv_connector_extra_config)
         self._files_config = extra.files
         self._report_address = extra.report_address
+        self._hsx_serve = extra.reports is not None  # it is also told each promise and the Kafka side's state
         self._group = _hidden_state_group(kv_cache_config)
         self._block_size = (
             kv_cache_config.kv_cache_groups[self._group].kv_cache_spec.block_size
@@ -128,9 +129,8 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         self._asked: dict[str, Asked] = {}
         """What each scheduled request asked for, until it finishes."""
         self._drops: list[str] = []
-        self._promises = CompletionSender(self._report_address) if self._report_address else None
-        """Each file and sample a response names, told to ``hsx serve`` so that one the
-        engine dies before completing is counted lost (the worker side reports completions)."""
+        self._promises = CompletionSender(extra.reports) if self._hsx_serve else None
+        """Each file and sample a response names: one the engine dies before completing is lost."""
         # Worker side, created in register_kv_caches (on the sending rank).
         self._captures: Captures | None = None
 
@@ -232,7 +232,7 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
                 kafka = (read_kafka_settings(self._config.kafka_settings_file) if self._config.kafka_settings_file
                          else KafkaSettings(**overrides(bootstrap=self._config.bootstrap)))
                 sender = BlockSender(self._config, kafka, self._layer_ids, reports,
-                                     state=reports.send if self._served and self._report_address else None)
+                                     state=reports.send if self._hsx_serve else None)
             writer = FileWriter(self._files_config, reports.send) if self._files_config is not None else None
             self._captures = Captures(cache, self._block_size, sender, writer,
                                       fp8_to_kafka=self._config is not None and self._config.wire_dtype == "fp8")

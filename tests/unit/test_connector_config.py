@@ -53,6 +53,16 @@ def test_the_extractor_must_say_where_reports_and_settings_are() -> None:
     assert served.requests == "served" and served.max_request_bytes is None and served.model is None
 
 
+def test_the_extractors_engine_always_sends_extractor_requests() -> None:
+    """A config built without ``requests`` (a bench, a library user) must not turn
+    the extractor's engine into a server that ignores its RequestParams."""
+    from hsx.extractor.engine import EngineOptions, engine_args
+
+    args = engine_args(EngineOptions(model="m", layer_ids=[1, 2]), _config(max_request_bytes=1 << 20))
+    assert _config().requests == "served"  # the default, for vLLM's own server
+    assert args.kv_transfer_config["kv_connector_extra_config"]["hsx"]["requests"] == "extractor"
+
+
 def test_the_kafka_settings_file_carries_secrets_and_the_logged_config_does_not(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     settings = KafkaSettings(
