@@ -180,7 +180,7 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
             return False, response or None
         capture = params.get("capture", "all") if params is not None else asked.capture if asked else "all"
         self._outbox.append(send_job(request, block_ids, params, capture, file,
-                                      bool(transfer.get(INCLUDE_OUTPUT_KEY))))
+                                     bool(transfer.get(INCLUDE_OUTPUT_KEY))))
         if file is not None:
             response[HIDDEN_STATES_PATH_KEY] = file
         if params is not None and self._served:
