@@ -35,8 +35,8 @@ LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 CAPTURES = Counter("hsx_serve_captures",
                    "Captures handed on, by output (file, sample) and outcome (ok, failed, lost: promised in a "
-                   "response, then the engine was gone before its capture's report; orphaned: a file an earlier server on "
-                   "the directory promised, found at the start)", ["output", "outcome"])
+                   "response, then the engine was gone before its capture's report; orphaned: a file an earlier "
+                   "server on the directory promised, found at the start)", ["output", "outcome"])
 CAPTURE_BYTES = Counter("hsx_serve_capture_bytes", "Raw hidden-state bytes of the captures handed on", ["output"])
 CAPTURE_LAG = Histogram("hsx_serve_capture_lag_seconds",
                         "From a request's response to its file complete or its sample acknowledged by Kafka",
