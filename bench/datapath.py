@@ -126,7 +126,8 @@ def send_all(sender: Any, socket: Any, rows: Any, plan: list[tuple[int, int]], p
     compressed bytes they reported."""
     from hsx.extractor.connector.gather import Gathered
     from hsx.extractor.connector.metadata import SendJob
-    from hsx.schemas.connector import CompletionReport, RequestParams
+    from hsx.schemas.connector import RequestParams
+    from hsx.schemas.reports import CompletionReport
 
     submitted = done = compressed = 0
     while done < len(plan):

@@ -19,7 +19,7 @@ import zmq
 import zmq.asyncio
 from pydantic import ValidationError
 
-from hsx.schemas.connector import CompletionReport, FileReport, KafkaState, PromiseReport
+from hsx.schemas.reports import CompletionReport, FileReport, KafkaState, PromiseReport
 
 log = logging.getLogger(__name__)
 

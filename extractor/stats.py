@@ -9,7 +9,7 @@ from typing import ClassVar
 from prometheus_client import Gauge
 
 from hsx.runtime.stats import Recorder, counted
-from hsx.schemas.connector import CompletionReport
+from hsx.schemas.reports import CompletionReport
 
 _IN_FLIGHT = Gauge("hsx_extractor_prompts_in_flight", "Prompts started and not finished")
 _WAITING = Gauge("hsx_extractor_prompts_waiting", "Prompts fetched and not yet started (the local backlog)")

@@ -25,7 +25,7 @@ import zmq
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import TypeAdapter, ValidationError
 
-from hsx.schemas.connector import CompletionReport, FileReport, KafkaState, PromiseReport
+from hsx.schemas.reports import CompletionReport, FileReport, KafkaState, PromiseReport
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
-from hsx.schemas.connector import KafkaState
+from hsx.schemas.reports import KafkaState
 
 
 class Budget:

@@ -64,11 +64,11 @@ from hsx.schemas.connector import (
     PARAMS_KEY,
     SAMPLE_ID_KEY,
     ConnectorConfig,
-    PromiseReport,
     read_extra_config,
     request_bytes_bound,
 )
 from hsx.runtime.settings import KafkaSettings, overrides
+from hsx.schemas.reports import PromiseReport
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks

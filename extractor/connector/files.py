@@ -53,7 +53,8 @@ from safetensors.torch import save_file
 
 from hsx.extractor.connector.file_sweeper import LOCK_SUFFIX, FileSweeper, is_held, unlink_unheld_lock
 from hsx.extractor.connector.gather import Gathered
-from hsx.schemas.connector import FileReport, FilesConfig
+from hsx.schemas.connector import FilesConfig
+from hsx.schemas.reports import FileReport
 
 log = logging.getLogger(__name__)
 

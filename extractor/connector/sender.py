@@ -53,7 +53,8 @@ from hsx.extractor.connector.transfer import Transfer
 from hsx.runtime.kafka import DeliveryFailed, RecordProducer
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import BlockRecordHeaders, RecordKind
-from hsx.schemas.connector import CompletionReport, ConnectorConfig, KafkaState, RequestParams
+from hsx.schemas.connector import ConnectorConfig, RequestParams
+from hsx.schemas.reports import CompletionReport, KafkaState
 
 log = logging.getLogger(__name__)
 

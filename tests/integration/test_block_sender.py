@@ -25,7 +25,8 @@ from hsx.local.topics import fresh_topic_settings
 from hsx.runtime.kafka import RecordProducer, ensure_topics
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import BlockRecordHeaders, Codec, RecordKind, staged_key
-from hsx.schemas.connector import CompletionReport, ConnectorConfig, RequestParams
+from hsx.schemas.connector import ConnectorConfig, RequestParams
+from hsx.schemas.reports import CompletionReport
 from tests.engine_helpers import reassemble
 from tests.drain import drain
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import zmq
 
 from hsx.schemas import ErrorClass, HiddenStatesReady
-from hsx.schemas.connector import CompletionReport, FileReport, KafkaState, PromiseReport
+from hsx.schemas.reports import CompletionReport, FileReport, KafkaState, PromiseReport
 from hsx.serve_pipeline import Announcements
 from hsx.serve_reports import STALL_SECONDS, InFlight, ReportReceiver
 
