@@ -14,9 +14,8 @@ Worker process that imports torch and vLLM again, about 10 s of every start.
 
 :func:`cpu_engine_defaults` is the pure computation (unit-tested);
 :func:`apply_cpu_defaults` reads the machine, sets ``os.environ`` before vLLM starts
-its engine processes (they inherit it) and logs what it chose;
-:func:`worker_in_engine_core` starts the engine with the worker in the EngineCore process;
-:func:`start_failure_reason` turns a failed start for lack of memory into one line.
+its engine processes (they inherit it) and logs what it chose. Starting the engine
+with them is :mod:`hsx.extractor.cpu_start`'s.
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,7 +86,8 @@ def rank_binding(cpus: Iterable[int], ranks: int) -> str:
     return "|".join(lists)
 
 
-def _gib(n: float) -> str:
+def gib_text(n: float) -> str:
+    """``n`` bytes as GiB with two decimals, for messages."""
     return f"{n / GiB:.2f} GiB"
 
 
@@ -117,7 +116,7 @@ class CpuDefaults:
                 parts.append(f"{name}={self.kept[name]} (yours)")
             elif name == KV_ENV and name in self.env:
                 held = f"{min(self.sequences, self.wanted)} × {self.max_model_len} tokens"
-                capped = (f" (of {self.wanted} wanted: capped by {_gib(self.room)} free)"
+                capped = (f" (of {self.wanted} wanted: capped by {gib_text(self.room)} free)"
                           if self.sequences < self.wanted else "")
                 parts.append(f"{name}={self.env[name]} (GiB) for {held}{capped}")
             elif name in self.env:
@@ -168,9 +167,9 @@ def cpu_engine_defaults(config: Any, *, dtype: str, max_model_len: int, max_num_
         if least * GiB * world_size > room:
             raise UsageError(
                 f"not enough memory for the CPU engine: one --max-model-len {max_model_len} sequence needs "
-                f"{_gib(one)} of KV cache ({KV_ENV} counts whole GiB, at least 1), but only {_gib(room)} of the "
-                f"{_gib(available_bytes)} available is left after the weights ({_gib(weights)}) and vLLM's "
-                f"processes ({_gib(ENGINE_OVERHEAD)}); lower --max-model-len or free memory")
+                f"{gib_text(one)} of KV cache ({KV_ENV} counts whole GiB, at least 1), but only {gib_text(room)} of "
+                f"the {gib_text(available_bytes)} available is left after the weights ({gib_text(weights)}) and vLLM's "
+                f"processes ({gib_text(ENGINE_OVERHEAD)}); lower --max-model-len or free memory")
         cap = max(int(room * KV_FRACTION / world_size // GiB), min(KV_FLOOR_GIB, int(room / world_size // GiB)))
         full = math.ceil((wanted * sequence + null) / GiB)
         gib = max(least, min(full, cap))
@@ -195,38 +194,18 @@ def _check_users_cache(value: str, one: int, max_model_len: int, room: int) -> N
         raise UsageError(f"{KV_ENV} is whole GiB (e.g. 2), got {value!r}") from None
     if size < one:
         raise UsageError(f"{KV_ENV}={value} GiB holds less than one --max-model-len {max_model_len} sequence "
-                         f"(needs {_gib(one)}): raise {KV_ENV} or lower --max-model-len")
+                         f"(needs {gib_text(one)}): raise {KV_ENV} or lower --max-model-len")
     if size > room:
-        raise UsageError(f"{KV_ENV}={value} GiB is more than the {_gib(room)} of memory available after the "
+        raise UsageError(f"{KV_ENV}={value} GiB is more than the {gib_text(room)} of memory available after the "
                          f"model weights: lower {KV_ENV} (or unset it: hsx then sizes the cache)")
-
-
-def start_failure_reason(message: str, environ: Mapping[str, str], available_bytes: int,
-                         weights: int) -> str | None:
-    """One line for a vLLM engine start that failed for lack of memory, or ``None``.
-
-    The worker's ``ValueError`` stays in its own process (the caller sees "Engine core
-    initialization failed"), so besides its text this checks the numbers again: a
-    cache that no longer fits beside the weights and vLLM's processes."""
-    kv = environ.get(KV_ENV, "")
-    said_memory = "memory" in message.lower()
-    if kv.isdigit():
-        short = int(kv) * GiB + weights + ENGINE_OVERHEAD > available_bytes
-        if said_memory or short:
-            return (f"vLLM's CPU engine did not start: {KV_ENV}={kv} GiB of KV cache does not fit beside the "
-                    f"weights and vLLM's processes in the {_gib(available_bytes)} of memory available; "
-                    f"lower {KV_ENV}, --max-model-len or --max-num-seqs, or free memory")
-    elif said_memory:  # the user sized memory through --engine-arg
-        return (f"vLLM's CPU engine did not start for lack of memory ({_gib(available_bytes)} available): set "
-                f"{KV_ENV} (GiB of KV cache) or lower --engine-arg gpu_memory_utilization")
-    return None
 
 
 _applied: dict[str, str] = {}
 """What this process set already: a second engine in it may choose anew."""
 
 
-def _setting(options: Any, name: str) -> Any:
+def engine_setting(options: Any, name: str) -> Any:
+    """An engine argument of ``options`` (an ``EngineOptions``): from ``--engine-arg`` or its own flag."""
     return options.engine_args.get(name, getattr(options, name, None))
 
 
@@ -255,54 +234,16 @@ def apply_cpu_defaults(options: Any) -> CpuDefaults | None:
         return None
     environ = {k: v for k, v in os.environ.items() if _applied.get(k) != v}
     defaults = cpu_engine_defaults(
-        text_config(options.model), dtype=_setting(options, "dtype"),
-        max_model_len=_setting(options, "max_model_len"), max_num_seqs=_setting(options, "max_num_seqs"),
+        text_config(options.model), dtype=engine_setting(options, "dtype"),
+        max_model_len=engine_setting(options, "max_model_len"), max_num_seqs=engine_setting(options, "max_num_seqs"),
         num_hidden_states=len(options.layer_ids), available_bytes=available_memory(),
         cpus=os.sched_getaffinity(0), environ=environ,
-        world_size=_setting(options, "tensor_parallel_size") * _setting(options, "data_parallel_size"),
-        block_size=_setting(options, "block_size"), memory_args=any(k in options.engine_args for k in MEMORY_ARGS),
+        world_size=engine_setting(options, "tensor_parallel_size") * engine_setting(options, "data_parallel_size"),
+        block_size=engine_setting(options, "block_size"),
+        memory_args=any(k in options.engine_args for k in MEMORY_ARGS),
         executor_chosen="distributed_executor_backend" in options.engine_args)
     assert defaults is not None
     os.environ.update(defaults.env)
     _applied.update(defaults.env)
     log.info("CPU engine: %s", defaults.describe())
     return defaults
-
-
-@contextmanager
-def worker_in_engine_core(defaults: CpuDefaults | None, args: Any) -> Iterator[None]:
-    """Around the start of the engine of ``args`` (``AsyncEngineArgs``): where
-    ``defaults`` has a ``worker_env``, take vLLM's single-process executor and set
-    that environment for the EngineCore process the start spawns.
-
-    The executor is passed as its class: vLLM's CPU platform replaces the name
-    ``"uni"`` with its multiprocessing executor, whose Worker process re-imports
-    torch and vLLM (measured on 2 cores, SmolLM2-135M eager: a start of 26 s takes
-    15 s without it, same tokens). ``os.environ`` is restored afterwards: the
-    process running hsx keeps its own threads."""
-    if defaults is None or not defaults.worker_env:
-        yield
-        return
-    from vllm.v1.executor.uniproc_executor import UniProcExecutor
-
-    args.distributed_executor_backend = UniProcExecutor
-    saved = {name: os.environ.get(name) for name in defaults.worker_env}
-    os.environ.update(defaults.worker_env)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-def explain_start_failure(options: Any, exc: BaseException) -> str | None:
-    """:func:`start_failure_reason` for a failed start of ``options``' engine."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return None
-    weights = weight_bytes(text_config(options.model), dtype_bytes(_setting(options, "dtype")))
-    return start_failure_reason(str(exc), os.environ, available_memory(), weights)

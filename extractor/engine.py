@@ -88,7 +88,8 @@ class Engine:
         memory becomes a one-line :class:`UsageError` naming what to change."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from hsx.extractor.cpu_defaults import apply_cpu_defaults, explain_start_failure, worker_in_engine_core
+        from hsx.extractor.cpu_defaults import apply_cpu_defaults
+        from hsx.extractor.cpu_start import explain_start_failure, worker_in_engine_core
 
         defaults = apply_cpu_defaults(options)
         args = engine_args(options, connector)

@@ -211,12 +211,8 @@ class Sink:
         for result in results:
             if isinstance(result, RejectedRecords):
                 self._reject(state, result)
-            elif isinstance(result, Sample):
-                self._add_sample(state, result)
-
-    def _add_sample(self, state: PartitionState, sample: Sample) -> None:
-        if not self._settled(state, sample.manifest, sample.offsets):
-            self._append(state, sample)
+            elif isinstance(result, Sample) and not self._settled(state, result.manifest, result.offsets):
+                self._append(state, result)
 
     def _settled(self, state: PartitionState, manifest: Manifest, offsets: list[int]) -> bool:
         """Settle a request the partition already holds, from its manifest alone:
@@ -245,8 +241,8 @@ class Sink:
         if not state.shard.accepts(sample):
             self._shards.close(state)
         state.shard.add(sample)
-        shard = state.shard
-        if shard.nbytes >= self.options.max_shard_bytes or len(shard.samples) >= self.options.max_shard_samples:
+        if (state.shard.nbytes >= self.options.max_shard_bytes
+                or len(state.shard.samples) >= self.options.max_shard_samples):
             self._shards.close(state)
 
     def _drop_duplicate(self, state: PartitionState, manifest: Manifest, offsets: list[int],

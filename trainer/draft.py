@@ -59,12 +59,10 @@ fused one needs Triton). On a GPU nothing is changed.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import signal
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.utils.data
@@ -77,10 +75,11 @@ from hsx.runtime.kafka import ensure_topics
 from hsx.runtime.kafka.admin import add_connect_timeout
 from hsx.runtime.logs import redact_secrets
 from hsx.runtime.settings import KafkaSettings, TopicSettings, overrides
-from hsx.trainer.draft_checks import (STREAM_STATE, Resumed, check_command_line, check_layout, check_resumed,
-                                      check_resumed_layers, last_checkpoint)
+from hsx.trainer.draft_checks import (Resumed, check_command_line, check_layout, check_resumed, check_resumed_layers,
+                                      last_checkpoint)
 from hsx.trainer.first_samples import first_samples
 from hsx.trainer.online import ReadyStream
+from hsx.trainer.online_trainer import StepLog, online_trainer_class
 from hsx.trainer.samples import LayerLayout, layer_list
 from hsx.trainer.speculators_cpu import CPU_DEFAULTS, on_cpu
 from hsx.trainer.stream_batches import PackedSamples, SpeculatorsBatch, StreamEpochs
@@ -143,71 +142,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # --- speculators' Trainer, online ------------------------------------------------------------
-
-
-def _trainer_class() -> type:
-    from speculators.train.trainer import Trainer
-
-    class OnlineTrainer(Trainer):  # type: ignore[misc,valid-type]
-        """speculators' Trainer over :class:`StreamEpochs`: every epoch ends in a
-        checkpoint and a commit of the samples it holds."""
-
-        def __init__(self, model: Any, config: Any, epochs: StreamEpochs, stream: ReadyStream) -> None:
-            self.epochs = epochs
-            self.stream = stream
-            self.saved: Path | None = None
-            """The last checkpoint this run wrote."""
-            super().__init__(model, config, epochs, None)
-
-        def run_training(self) -> None:
-            """speculators' epoch loop without validation (a stream holds none
-            back), ending early when the stream does."""
-            for epoch in range(self.current_epoch, self.config.num_epochs):
-                steps_before = self.global_step
-                self.train_epoch(epoch, step_callback=self.epochs.trained)
-                if self.global_step > steps_before:
-                    self.maybe_save_checkpoint(epoch)
-                    self.saved = self.checkpointer.path / str(epoch)
-                    self._commit(self.saved)
-                if self.epochs.ended or self.global_step >= self.config.max_steps:
-                    break
-
-        def _commit(self, checkpoint: Path) -> None:
-            """The stream's position goes into the checkpoint, then to Kafka:
-            a restart finds it in either, never a commit ahead of the weights."""
-            self.stream.mark({"positions": self.epochs.take_consumed()})
-            state = checkpoint / STREAM_STATE
-            tmp = state.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.stream.state_dict()))
-            tmp.replace(state)
-            self.stream.commit()
-
-    return OnlineTrainer
-
-
-class _StepLog(logging.Handler):
-    """speculators' per-step metrics (the ``speculators.metrics`` logger) as one
-    hsx log line per step, with ``step``, ``loss`` and ``samples`` fields in JSON
-    logs; keeps the losses for the summary."""
-
-    def __init__(self, epochs: StreamEpochs) -> None:
-        super().__init__()
-        self.epochs = epochs
-        self.losses: list[float] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.msg
-        if not isinstance(message, dict) or "train" not in message:
-            return  # speculators' run config and validation metrics
-        metrics = message["train"]
-        loss = float(metrics["loss"])
-        self.losses.append(loss)
-        step = int(message["global_step"]) + 1
-        accuracy = {k: round(float(v), 4) for k, v in metrics.items() if k.startswith("full_acc")}
-        log.info("step %d: loss %.4f, first-token accuracy %.3f, %d samples so far", step, loss,
-                 accuracy.get("full_acc_0", math.nan), self.epochs.handed_out,
-                 extra={"step": step, "loss": loss, "samples": self.epochs.handed_out, "lr": message.get("lr"),
-                        **accuracy})
 
 
 # --- the command -------------------------------------------------------------------------------
@@ -299,12 +233,12 @@ def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafk
         # the object-store client does not survive fork() (hsx.trainer.online)
         multiprocessing_context="forkserver" if args.num_workers and is_object_store(args.dataset) else None)
     epochs_view = StreamEpochs(loader, args.checkpoint_every, args.max_samples)
-    steps_log = _StepLog(epochs_view)
+    steps_log = StepLog(epochs_view)
     metrics = logging.getLogger("speculators.metrics")
     metrics.addHandler(steps_log)
-    metrics.propagate = False  # its dicts become _StepLog's lines, not dict reprs in the log
+    metrics.propagate = False  # its dicts become StepLog's lines, not dict reprs in the log
     with on_cpu():
-        trainer = _trainer_class()(model, trainer_config, epochs_view, stream)
+        trainer = online_trainer_class()(model, trainer_config, epochs_view, stream)
         if resumed is not None and resumed.stream is not None:
             stream.load_state_dict(resumed.stream)
         before = trainer.global_step

@@ -275,18 +275,7 @@ class BlockSender:
         if transfer.completed or not settled or transfer.unacked or transfer.encoding or transfer.uploading:
             return
         transfer.completed = True
-        report = CompletionReport(
-            request_id=transfer.params.request_id,
-            attempt_id=transfer.params.attempt_id,
-            ok=transfer.error is None,
-            error=transfer.error,
-            refused=transfer.refused,
-            num_tokens=transfer.gathered.tensor.shape[0],
-            raw_bytes=transfer.raw_bytes,
-            compressed_bytes=transfer.compressed_bytes,
-            kafka_bytes=transfer.kafka_bytes,
-            seconds=time.time() - transfer.job.finished_at if transfer.job.finished_at else None,
-        )
+        report = transfer.report()
         if transfer.error:
             log.error("transfer of %s failed: %s", transfer.params.request_id, transfer.error)
         if transfer.gathered.release is not None:

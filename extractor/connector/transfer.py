@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 from hsx.codecs.framing import Record
@@ -11,6 +12,7 @@ from hsx.extractor.connector.gather import Gathered
 from hsx.extractor.connector.metadata import SendJob
 from hsx.schemas import BlockRef
 from hsx.schemas.connector import RequestParams
+from hsx.schemas.reports import CompletionReport
 
 
 @dataclass(eq=False)  # compared (and hashed) by identity: a member of the stalled set
@@ -50,3 +52,11 @@ class Transfer:
         self.refs.append(ref)
         self.compressed_bytes += nbytes
         self.next_to_produce += 1
+
+    def report(self) -> CompletionReport:
+        """What the attempt's completion report says, once it ended (acknowledged or failed)."""
+        return CompletionReport(
+            request_id=self.params.request_id, attempt_id=self.params.attempt_id, ok=self.error is None,
+            error=self.error, refused=self.refused, num_tokens=self.gathered.tensor.shape[0],
+            raw_bytes=self.raw_bytes, compressed_bytes=self.compressed_bytes, kafka_bytes=self.kafka_bytes,
+            seconds=time.time() - self.job.finished_at if self.job.finished_at else None)

@@ -26,7 +26,7 @@ from typing_extensions import Buffer
 import numpy as np
 from isal import isal_zlib
 
-from hsx.codecs.framing import CorruptBlock, Record, frame, framed, read_frame
+from hsx.codecs.framing import CorruptBlock, Record, framed, read_frame
 from hsx.codecs.planes import interleave_planes, scratch, split_planes
 from hsx.codecs.segments import (DEFAULT_LEVEL, check_raw, check_segments, decompress, decompress_into, pack_segment,
                                  unpack_segment)
@@ -65,7 +65,8 @@ def encode_block(
     ``raw`` is any buffer (``bytes``, ``memoryview``, a numpy array); the GIL is
     released while zstd works, so blocks can be encoded on a thread pool.
     """
-    return frame(MAGIC, *_encode(memoryview(raw).cast("B"), shape, dtype, token_start, codec, level))
+    return encode_block_record(raw, shape=shape, dtype=dtype, token_start=token_start, codec=codec, level=level,
+                               joined=True).value()
 
 
 def encode_block_record(

@@ -182,7 +182,8 @@ def _start(settings: EvalSettings, draft: bool) -> Any:
     """An ``LLM`` for the verifier, with the CPU defaults hsx's extractor uses."""
     from vllm import LLM
 
-    from hsx.extractor.cpu_defaults import apply_cpu_defaults, worker_in_engine_core
+    from hsx.extractor.cpu_defaults import apply_cpu_defaults
+    from hsx.extractor.cpu_start import worker_in_engine_core
 
     options = EngineOptions(model=settings.model, layer_ids=[], dtype=settings.dtype,
                             max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,

@@ -19,7 +19,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
@@ -28,39 +28,13 @@ from hsx.runtime.health import HealthServer
 from hsx.runtime.kafka.commits import commit_watermarks, partition_lag
 from hsx.runtime.kafka.config import consumer_config
 from hsx.runtime.kafka.errors import ConsumerErrors, KafkaFatal
+from hsx.runtime.kafka.partitions import Commit, PartitionHandler, Stateless
 from hsx.runtime.kafka.stall import StallWatch
 from hsx.runtime.kafka.watermarks import TopicPartitionKey, Watermarks
 from hsx.runtime.metrics import member_metrics
 from hsx.runtime.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
-
-Commit = Callable[[set[TopicPartitionKey] | None], None]
-"""Commits the watermarks (optionally of some partitions only)."""
-
-
-class PartitionHandler(Protocol):
-    """What a service does when partitions come and go."""
-
-    def assigned(self, partitions: list[TopicPartitionKey]) -> None:
-        """Set up per-partition state (runs before the first record arrives)."""
-
-    def revoked(self, partitions: list[TopicPartitionKey]) -> None:
-        """Make the partitions' finished work durable and drop their state; the
-        member commits right after, while the partitions are still ours."""
-
-    def lost(self, partitions: list[TopicPartitionKey]) -> None:
-        """Drop the partitions' state: another member owns them already."""
-
-
-class _Stateless:
-    """The handler of a service that keeps no per-partition state."""
-
-    def assigned(self, partitions: list[TopicPartitionKey]) -> None:
-        pass
-
-    revoked = lost = assigned
-
 
 class GroupMember:
     """One member of a consumer group, with the commit discipline hsx relies on:
@@ -88,7 +62,7 @@ class GroupMember:
         self._kafka = kafka
         self._group_id = group_id
         self._topic = topic
-        self._handler = handler or _Stateless()
+        self._handler = handler or Stateless()
         self._overrides = consumer_overrides or {}
         self._commit_interval = commit_interval
         self._exit_when_idle = exit_when_idle

@@ -130,8 +130,8 @@ class RecordProducer:
             return
         produced_records.labels(self._service, msg.topic(), "refused").inc()
         key = msg.key()
-        refusal = DeliveryFailed(f"Kafka refused a record for {msg.topic()} (key {key.decode('utf-8', 'replace') if key else None}): "
-                                 f"{err.str()}")
+        shown = key.decode("utf-8", "replace") if key else None
+        refusal = DeliveryFailed(f"Kafka refused a record for {msg.topic()} (key {shown}): {err.str()}")
         self._refusals += 1
         if self.refused is None:
             self.refused = refusal

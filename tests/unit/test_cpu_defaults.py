@@ -14,7 +14,8 @@ import pytest
 
 from hsx.extractor import cpu_defaults
 from hsx.extractor.cpu_defaults import (BIND_ENV, GiB, KV_ENV, CpuDefaults, cpu_engine_defaults, cpu_list,
-                                    rank_binding, start_failure_reason)
+                                    rank_binding)
+from hsx.extractor.cpu_start import start_failure_reason
 from hsx.extractor.model_config import kv_bytes_per_token, weight_bytes
 from hsx.runtime.errors import UsageError
 
