@@ -129,13 +129,14 @@ def run_pipeline(plan: RunPlan) -> RunReport:
         sink = HsxService("sink", sink_command(bootstrap, topic_settings, plan.output, "--flush-when-idle",
                                                SINK_FLUSH_WHEN_IDLE, "--dataset-codec", plan.dataset_codec.value,
                                                *transport, group=f"{group}-sink",
-                                               session_timeout_ms=STEADY_SESSION_TIMEOUT_MS), logs, stats=True)
+                                               session_timeout_ms=STEADY_SESSION_TIMEOUT_MS), logs, stats=True,
+                          with_parent=True)
         codec = ["--codec", plan.wire_codec.value] if plan.wire_codec else []
         extractor = HsxService("extractor", extract_command(bootstrap, topic_settings, plan.model, *plan.engine_argv,
                                                             "--wire-dtype", plan.wire_dtype, *transport, *codec,
                                                             group=f"{group}-extractor", engine_flags=(),
                                                             session_timeout_ms=STEADY_SESSION_TIMEOUT_MS),
-                               logs, stats=True)
+                               logs, stats=True, with_parent=True)
         started = time.monotonic()
         services = (sink, extractor)
 
@@ -195,7 +196,9 @@ def broker(bootstrap: str | None) -> Iterator[str]:
     if configured:
         yield configured
         return
-    with EmbeddedBroker() as embedded:
+    embedded = EmbeddedBroker()
+    embedded.with_parent = True  # a killed hsx run or serve leaves no broker behind
+    with embedded:
         print(f"hsx: embedded broker at {embedded.bootstrap}", file=sys.stderr)
         yield embedded.bootstrap
 

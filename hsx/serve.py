@@ -149,9 +149,12 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
             return ExitCode.FAILED
         started = time.monotonic()
         if ready:
+            # Where a trainer follows the samples (hsx train-draft --bootstrap B --ready-topic T).
+            announced = (f"; samples announced on {pipeline.topics.ready} at {pipeline.kafka.bootstrap}"
+                         if pipeline is not None and pipeline.sink is not None else "")
             print(f"hsx serve: serving {plan.model_name or plan.engine.model} at http://{plan.host}:{plan.port}/v1 "
-                  f"(hsx metrics at http://{plan.host}:{health.port}/metrics); Ctrl-C to stop", file=sys.stderr,
-                  flush=True)
+                  f"(hsx metrics at http://{plan.host}:{health.port}/metrics){announced}; Ctrl-C to stop",
+                  file=sys.stderr, flush=True)
         while not stop.is_set() and server.exited() is None:
             stop.wait(0.5)
         failures = _stop_server(server, plan)
@@ -190,7 +193,7 @@ def _server(plan: ServePlan, extra: dict[str, Any], logs: Path) -> HsxService:
     apply_cpu_defaults(dataclasses.replace(plan.engine, engine_args=executor))
     env = cpu_engine_env(**({"VLLM_API_KEY": plan.api_key} if plan.api_key else {}))
     server = HsxService("vllm-server", server_argv(plan, extra), logs, env=env, health=False, module=SERVER,
-                        ready_path="/health")
+                        ready_path="/health", with_parent=True)
     server.port = plan.port
     return server.start()
 

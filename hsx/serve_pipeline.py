@@ -120,7 +120,8 @@ class DatasetSide:
         self.sink = HsxService("sink", sink_command(bootstrap, self.topic_settings, plan.output, "--flush-when-idle",
                                                     SINK_FLUSH_WHEN_IDLE, "--dataset-codec", plan.dataset_codec.value,
                                                     *transport, group=f"hsx-serve-{uuid.uuid4().hex[:8]}-sink",
-                                                    session_timeout_ms=STEADY_SESSION_TIMEOUT_MS), logs).start()
+                                                    session_timeout_ms=STEADY_SESSION_TIMEOUT_MS), logs,
+                               with_parent=True).start()
         feed = LedgerFeed(self.kafka, self.topics, self.announcements)
         self._follower = threading.Thread(target=self._follow, args=(feed,), name="hsx-serve-ready", daemon=True)
         self._follower.start()

@@ -12,6 +12,8 @@ from typing import IO, Any
 
 from typing_extensions import Self
 
+from hsx.local import with_parent
+
 
 class ServerProcess:
     """One child process in a session of its own (a Ctrl-C in the terminal reaches
@@ -21,6 +23,8 @@ class ServerProcess:
     _proc: subprocess.Popen[bytes] | None = None
     what = "server"
     """Its name in errors."""
+    with_parent = False
+    """SIGTERMed when this process dies, even by SIGKILL (:mod:`hsx.local.with_parent`)."""
 
     @property
     def pid(self) -> int:
@@ -39,6 +43,8 @@ class ServerProcess:
         """Start ``command`` with its stdout and stderr to ``output``."""
         if self._proc is not None:
             raise RuntimeError(f"{self.what} already started")
+        if self.with_parent:
+            command = with_parent.command(os.getpid(), command)
         self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
                                       start_new_session=True)
 

@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 import psutil
 
+from hsx.local import with_parent
 from hsx.local.broker import free_port
 from hsx.local.scrape import get, metric, metric_sum
 
@@ -69,6 +70,9 @@ class HsxService:
     ``ready_path="/health"``)."""
     port_flag: str = "--health-port"
     ready_path: str = "/readyz"
+    with_parent: bool = False
+    """SIGTERMed when this process dies, even by SIGKILL (:mod:`hsx.local.with_parent`;
+    start it from a thread that lives as long as this process)."""
     incarnations: int = field(default=0, init=False)
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     port: int = field(default=0, init=False)
@@ -82,9 +86,11 @@ class HsxService:
         if self.stats:
             self.stats_path.unlink(missing_ok=True)  # an earlier run's figures must not pass for this one's
             extra += ["--stats-file", str(self.stats_path)]
+        argv = ["-m", self.module, *self.args, *extra]
+        argv = with_parent.command(os.getpid(), argv) if self.with_parent else [sys.executable, *argv]
         with self.log_path().open("wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args, *extra], stdout=log,
-                                         stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                         start_new_session=True)
         return self
 
     def log_path(self, incarnation: int | None = None) -> Path:

@@ -44,7 +44,10 @@ from hsx.local.broker import EmbeddedBroker, free_port
 from hsx.local.scrape import get, metric_sum
 from hsx.local.spawn import HsxService
 from hsx.reference import HFReference, max_relative_error
+from hsx.runtime.settings import KafkaSettings
+from hsx.schemas import HiddenStatesReady
 from hsx.serve_reports import STALL_SECONDS
+from tests.drain import drain
 from tests.mounts import tmpfs
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
@@ -194,8 +197,13 @@ def test_a_silent_broker_then_sigterm_leave_every_answered_request_in_the_datase
                     os.kill(broker.pid, signal.SIGCONT)
                 serve.signal(signal.SIGTERM)  # its own group: vLLM's server and the sink get it from hsx serve
             status = serve.wait(300)
-    log = serve.logs()
-    assert status == 0, log[-3000:]
+        log = serve.logs()
+        assert status == 0, log[-3000:]
+        # The topic hsx serve printed is where a trainer finds every answered request's sample.
+        announced = re.search(r"samples announced on (\S+) at (\S+);", log)
+        assert announced is not None and announced.group(2) == broker.bootstrap, log[:3000]
+        events = [HiddenStatesReady.model_validate_json(r.value()) for r in drain(
+            KafkaSettings(bootstrap=broker.bootstrap), announced.group(1), expected=len(answered), timeout=30)]
     assert len(answered) > 4 and scraped > 0  # hsx's metrics counted captures while serving
     assert "Kafka behind" in said and served_meanwhile > 0, said  # answering while Kafka was silent, and said so
     assert all(r["kv_transfer_params"] is None for r in rejected)  # never scheduled: nothing promised
@@ -207,6 +215,7 @@ def test_a_silent_broker_then_sigterm_leave_every_answered_request_in_the_datase
     sample_ids = [a["kv_transfer_params"]["sample_id"] for a in answered]
     assert len(set(sample_ids)) == len(sample_ids)
     assert sorted(dataset.request_ids()) == sorted(sample_ids)  # every answered request once, no other
+    assert {e.request_id for e in events} == set(sample_ids)  # (a re-announcement would repeat one)
     reference = HFReference(model)
     for response in answered[:: max(1, len(answered) // 6)]:
         params = response["kv_transfer_params"]
