@@ -64,7 +64,7 @@ test:
 test-fast: $(STAMP) $(TOOLS_STAMP) $(SPEC_STAMP)
 	$(BIN)/python -m pytest -m "not engine"
 
-# The fault tests of tests/reliability at soak scale (make test runs them with 240
+# The fault tests of tests/reliability at soak scale (make test runs them with 160
 # prompts and 3 kills of each service); figures land in out/reliability.json.
 soak: $(MODELS_STAMP)
 	HSX_RELIABILITY_PROMPTS=2000 HSX_RELIABILITY_KILLS=10 $(BIN)/python -m pytest tests/reliability
@@ -109,7 +109,7 @@ demo: $(MODELS_STAMP)
 
 # Side-by-side benchmarks (about 25 min on 2 cores): writes bench/results.json and
 # docs/benchmarks.md. BENCH_ARGS=--quick for a smoke run.
-bench: $(MODELS_STAMP)
+bench: $(MODELS_STAMP) $(SPEC_STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 # Drafts trained on hsx data, measured by vLLM (bench/acceptance.py): hours on two

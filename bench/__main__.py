@@ -31,8 +31,12 @@ created under ``__main__`` and must not outlive their section):
 * ``bench.direct_write``: CPU per GB of a shard written through the page cache
   and around it (``O_DIRECT``, as the sink writes shards).
 * ``bench.serve``: vLLM's OpenAI server under vLLM's load generator at
-  concurrency 1, 8, 32: plain, the stock file connector, HsxConnector's files,
-  and files + Kafka by reference with a sink.
+  concurrency 1, 8, 32: plain, ``extract_hidden_states`` without a connector,
+  the stock file connector, HsxConnector's files, and files + Kafka by
+  reference with a sink.
+* ``bench.online_feed``: samples/s a trainer gets from a served model:
+  speculators' synchronous online loop against ``hsx serve``, and
+  ``hsx train-draft``'s reader of the ready events of the same rows as traffic.
 
     python -m bench [--quick] [--preload iomp|none] [--only SECTION ...]
 """
@@ -58,7 +62,8 @@ from hsx.extractor.cpu_defaults import cpu_list
 from hsx.local.spawn import cpu_engine_env
 
 SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale", "dataset_codecs", "object_store", "datapath",
-            "encode_floor", "upload_signing", "memory_policy", "direct_write", "pipeline_by_reference", "serve"]
+            "encode_floor", "upload_signing", "memory_policy", "direct_write", "pipeline_by_reference", "serve",
+            "online_feed"]
 OPTIONAL_SECTIONS = ["acceptance"]
 """Run only when named in ``--only``: hours of training on two cores."""
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,6 +4,9 @@
 Arms, each a server started in turn with the same engine flags:
 
 * ``plain``: vLLM's server with ``extract_hidden_states`` off (no capture);
+* ``method``: vLLM's ``extract_hidden_states`` method on, no connector: the
+  dummy draft and its hidden-state cache, nothing saved (what the method costs
+  before any connector does);
 * ``stock``: vLLM's own ``ExampleHiddenStatesConnector`` (its CPU port,
   :mod:`bench.files_connector`: only the device copy differs), a file per response;
 * ``files``: the seed's command with HsxConnector and ``shared_storage_path`` (a
@@ -43,7 +46,7 @@ import psutil
 from bench.section import emit, parser
 from hsx import models
 from hsx.extractor.engine import kv_transfer_config, speculative_config
-from hsx.local.broker import EmbeddedBroker, free_port
+from hsx.local.broker import EmbeddedBroker
 from hsx.local.commands import STEADY_SESSION_TIMEOUT_MS, sink_command
 from hsx.local.spawn import HsxService, cpu_engine_env
 from hsx.local.topics import fresh_topics
@@ -56,19 +59,20 @@ MODEL = "smollm2-135m-instruct"
 LAYERS = [2, 15, 27, 30]
 CONCURRENCY = [1, 8, 32]
 INPUT_LEN, OUTPUT_LEN = 256, 16
-ARMS = ["plain", "stock", "files", "kafka"]
+ARMS = ["plain", "method", "stock", "files", "kafka"]
 
 
 def _server(name: str, model: Path, extra: dict[str, Any] | None, work: Path) -> HsxService:
     args = ["--model", str(model), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
             "--host", "127.0.0.1", "--disable-log-stats"]
+    if name != "plain":
+        args += ["--speculative-config", json.dumps(speculative_config(LAYERS))]
     if extra is not None:
         transfer = kv_transfer_config(extra)
         if name == "stock":
             transfer.update(kv_connector="CpuHiddenStatesFileConnector",
                             kv_connector_module_path="bench.files_connector")
-        args += ["--speculative-config", json.dumps(speculative_config(LAYERS)),
-                 "--kv-transfer-config", json.dumps(transfer)]
+        args += ["--kv-transfer-config", json.dumps(transfer)]
     env = cpu_engine_env(VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND="0-1")
     return HsxService(name, args, work, env=env, module=SERVER, port_flag="--port", ready_path="/health")
 
@@ -160,24 +164,31 @@ def main(args: Namespace) -> dict[str, Any]:
     for key in per_round[0]:
         values = [f[key] for f in per_round if isinstance(f.get(key), int | float)]
         results[key] = round(statistics.median(values), 3) if values else None
-        if rounds > 1 and key.endswith(("_vs_plain", "_vs_stock", "_requests_per_s")):
+        if rounds > 1 and key.endswith(("_vs_plain", "_vs_method", "_vs_stock", "_requests_per_s")):
             results[f"{key}_rounds"] = [f.get(key) for f in per_round]
-    ratios = [v for k, v in results.items() if k.endswith("_vs_plain") and not k.startswith("serve_stock")]
-    stock = [v for k, v in results.items() if k.startswith("serve_files_") and k.endswith("_vs_stock")]
-    results["serve_files_vs_stock_min"] = min(stock) if stock else None
-    results["serve_capture_vs_plain_min"] = min(ratios) if ratios else None
+    results["serve_files_vs_stock_min"] = _worst(results, "serve_files_", "_vs_stock")
+    results["serve_capture_vs_plain_min"] = _worst(results, ("serve_files_", "serve_kafka_"), "_vs_plain")
+    results["serve_capture_vs_method_min"] = _worst(results, ("serve_files_", "serve_kafka_"), "_vs_method")
+    results["serve_method_vs_plain_min"] = _worst(results, "serve_method_", "_vs_plain")
     results["serve_capture_lag_p99_c8_s"] = max(
         (results.get(f"serve_{arm}_c8_capture_lag_p99_s") or 0.0) for arm in ("files", "kafka"))
     return results
 
 
+def _worst(results: dict[str, Any], prefix: str | tuple[str, ...], suffix: str) -> float | None:
+    """The lowest of the ratios named ``<prefix>c<N><suffix>`` (None when there are none)."""
+    values = [v for k, v in results.items() if k.startswith(prefix) and k.endswith(suffix) and v is not None]
+    return min(values) if values else None
+
+
 def _ratios(figures: dict[str, Any], prompts: dict[int, int]) -> dict[str, float]:
-    """One round's requests/s of each capturing arm ÷ ``plain``'s (and ÷ ``stock``'s), per concurrency."""
+    """One round's requests/s of each extracting arm ÷ ``plain``'s (and ÷ ``method``'s, ÷ ``stock``'s), per
+    concurrency."""
     ratios: dict[str, float] = {}
-    for arm in ("stock", "files", "kafka"):
+    for arm in ("method", "stock", "files", "kafka"):
         for c in prompts:
             mine = figures.get(f"serve_{arm}_c{c}_requests_per_s")
-            for base in ("plain", "stock"):
+            for base in ("plain", "method", "stock"):
                 other = figures.get(f"serve_{base}_c{c}_requests_per_s")
                 if mine and other and arm != base:
                     ratios[f"serve_{arm}_c{c}_vs_{base}"] = round(mine / other, 3)
