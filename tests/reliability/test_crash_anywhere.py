@@ -11,7 +11,7 @@ killed run, the only staged objects left are killed attempts' (no manifest names
 them), and a sweep removes those.
 
 ``HSX_RELIABILITY_PROMPTS`` / ``HSX_RELIABILITY_KILLS`` scale it up for soak runs
-(defaults 240 prompts, 3 kills of each service).
+(defaults 160 prompts, 3 kills of each service).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from tests.reliability.harness import (
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
 MODEL = "smollm2-135m-instruct"
-PROMPTS = int(os.environ.get("HSX_RELIABILITY_PROMPTS", "240"))
+PROMPTS = int(os.environ.get("HSX_RELIABILITY_PROMPTS", "160"))
 KILLS = int(os.environ.get("HSX_RELIABILITY_KILLS", "3"))
 SEED = int(os.environ.get("HSX_RELIABILITY_SEED", str(time.time_ns() % 10_000)))
 # Time limits scale with the workload. The uninterrupted run gets a generous

@@ -57,7 +57,7 @@ from tests.reliability.netfaults import FaultProxy, is_connector, wait
 pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.timeout(1800)]
 
 MODEL = "smollm2-135m-instruct"
-PER_PHASE = 24
+PER_PHASE = 16
 LONG_TOKENS = 4000
 PARTITION_S = 15.0
 RESETS_S = 20.0
