@@ -169,6 +169,7 @@ def main(args: Namespace) -> dict[str, Any]:
                                                   / results["feed_speculators_w0_samples_per_s"], 2)
     return results
 
+
 if __name__ == "__main__":
     cli = parser(__doc__).parse_args()
     emit(main(cli), cli.out)
