@@ -9,8 +9,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from confluent_kafka import Consumer, Message
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
+from hsx.runtime.errors import ServiceFailed
 from hsx.runtime.kafka import ConsumerErrors, consumer_config
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import DlqHeaders, ErrorClass, HiddenStatesReady, Topics, sample_id
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 # A superseded attempt's leftovers are dead-lettered while another attempt of the
 # same request completes: they say nothing about the request's outcome.
 NOT_TERMINAL = {ErrorClass.SUPERSEDED_ATTEMPT}
+METADATA_TIMEOUT_S = 30.0
 
 
 class Outcomes(Protocol):
@@ -75,15 +77,33 @@ class Ledger:
 
 class LedgerFeed:
     """A throw-away consumer of the ready topic and both dead-letter topics, from
-    their beginning, that fills a :class:`Ledger` (or any :class:`Outcomes`)."""
+    their beginning, that fills a :class:`Ledger` (or any :class:`Outcomes`).
 
-    def __init__(self, kafka: KafkaSettings, topics: Topics, ledger: Outcomes) -> None:
+    It reads every partition itself (``assign``), not as a consumer-group member:
+    a group's session expires whenever the broker pauses longer than its timeout
+    (``hsx serve`` follows these topics while the broker may be down), and a
+    member that rejoins without commits reads its partitions again from the start.
+    The topics must exist (their partitions are read once, here)."""
+
+    def __init__(self, consumer: Consumer, topics: Topics, ledger: Outcomes) -> None:
         self.ledger = ledger
         self._topics = topics
-        self._consumer = Consumer(consumer_config(kafka, f"hsx-run-ledger-{uuid.uuid4().hex}",
-                                                  **{"session.timeout.ms": 6000}))
-        self._consumer.subscribe([topics.ready, topics.prompts_dlq, topics.blocks_dlq])
+        self._consumer = consumer
         self._errors = ConsumerErrors("hsx-run")
+
+    @classmethod
+    def connect(cls, kafka: KafkaSettings, topics: Topics, ledger: Outcomes) -> LedgerFeed:
+        """A feed reading every partition of the three topics from the start."""
+        consumer = Consumer(consumer_config(kafka, f"hsx-run-ledger-{uuid.uuid4().hex}"))
+        names = [topics.ready, topics.prompts_dlq, topics.blocks_dlq]
+        try:
+            metadata = consumer.list_topics(timeout=METADATA_TIMEOUT_S).topics
+            consumer.assign([TopicPartition(name, p, OFFSET_BEGINNING) for name in names
+                             for p in metadata[name].partitions])
+        except (KafkaException, KeyError) as exc:
+            consumer.close()
+            raise ServiceFailed(f"reading {', '.join(names)} at {kafka.bootstrap}: {exc}") from None
+        return cls(consumer, topics, ledger)
 
     def poll(self, timeout: float) -> None:
         """Read what has arrived within ``timeout`` seconds."""

@@ -124,7 +124,7 @@ def run_pipeline(plan: RunPlan) -> RunReport:
         ensure_topics(kafka, topic_settings, [topics.prompts, topics.prompts_dlq, topics.blocks,
                                               topics.blocks_dlq, topics.ready], timeout=plan.connect_timeout)
         ledger = Ledger()
-        feed = LedgerFeed(kafka, topics, ledger)
+        feed = LedgerFeed.connect(kafka, topics, ledger)
         group = f"hsx-run-{uuid.uuid4().hex[:8]}"
         sink = HsxService("sink", sink_command(bootstrap, topic_settings, plan.output, "--flush-when-idle",
                                                SINK_FLUSH_WHEN_IDLE, "--dataset-codec", plan.dataset_codec.value,

@@ -122,7 +122,7 @@ class DatasetSide:
                                                     *transport, group=f"hsx-serve-{uuid.uuid4().hex[:8]}-sink",
                                                     session_timeout_ms=STEADY_SESSION_TIMEOUT_MS), logs,
                                with_parent=True).start()
-        feed = LedgerFeed(self.kafka, self.topics, self.announcements)
+        feed = LedgerFeed.connect(self.kafka, self.topics, self.announcements)
         self._follower = threading.Thread(target=self._follow, args=(feed,), name="hsx-serve-ready", daemon=True)
         self._follower.start()
 

@@ -109,7 +109,7 @@ def _load(serve: HsxService, model: Path, answered: list[dict[str, Any]],
             prompt = [1, *range(100 + n, 100 + n + 20 + 7 * n)]
             try:
                 response = httpx.post(url, json={"model": str(model), "prompt": prompt, "max_tokens": 2,
-                                                 "return_token_ids": True}, timeout=60)
+                                                 "return_token_ids": True}, timeout=15)
             except httpx.HTTPError:
                 return  # the server stopped taking requests (or is gone)
             if response.status_code != 200:

@@ -12,7 +12,6 @@ import pytest
 
 from hsx.ledger import Ledger, LedgerFeed
 from hsx.producer.publisher import PublishSummary
-from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import DlqHeaders, ErrorClass, Topics
 from hsx.summary import RunReport
 
@@ -51,7 +50,6 @@ class FakeMessage:
 def test_records_no_service_wrote_are_skipped_and_the_rest_counted(caplog: pytest.LogCaptureFixture) -> None:
     topics = Topics()
     ledger = Ledger(published={"good", "bad"})
-    feed = LedgerFeed(KafkaSettings(bootstrap="127.0.0.1:1"), topics, ledger)
     dead = DlqHeaders.build(ErrorClass.PROMPT_TOO_LONG, "too long", service="extractor").to_kafka()
     messages = [
         FakeMessage(topics.ready, b"x", b'{"not": "a ready event"}'),
@@ -60,9 +58,9 @@ def test_records_no_service_wrote_are_skipped_and_the_rest_counted(caplog: pytes
         FakeMessage(topics.blocks_dlq, b"bad", b"", [("hsx-error-class", b"no-such-class")]),
         FakeMessage(topics.prompts_dlq, b"good", b"", dead),
     ]
-    feed._consumer.close()
-    feed._consumer = type("Consumer", (), {"consume": lambda self, num_messages, timeout: messages,
-                                           "close": lambda self: None})()
+    consumer = type("Consumer", (), {"consume": lambda self, num_messages, timeout: messages,
+                                     "close": lambda self: None})()
+    feed = LedgerFeed(consumer, topics, ledger)
     with caplog.at_level(logging.WARNING, logger="hsx.ledger"):
         feed.poll(0.1)
     assert ledger.foreign == 4
