@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.acceptance import SPECULATORS_PY
 from bench.section import emit, parser
 from hsx import models
 from hsx.local.broker import EmbeddedBroker, free_port
@@ -57,8 +58,6 @@ COUNT = 48
 WORKERS = ["0", "4"]
 Rows = Callable[[int], list[list[int]]]
 """Fresh rows of random token ids, so many."""
-ROOT = Path(__file__).resolve().parent.parent
-SPECULATORS_PY = ROOT / ".venv-speculators" / "bin" / "python"
 
 
 def _serve(model: Path, work: Path, bootstrap: str) -> HsxService:

@@ -13,6 +13,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 
 from hsx.runtime.errors import ServiceFailed
 from hsx.runtime.kafka import ConsumerErrors, consumer_config
+from hsx.runtime.kafka.config import METADATA_TIMEOUT_S
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import DlqHeaders, ErrorClass, HiddenStatesReady, Topics, sample_id
 
@@ -21,7 +22,6 @@ log = logging.getLogger(__name__)
 # A superseded attempt's leftovers are dead-lettered while another attempt of the
 # same request completes: they say nothing about the request's outcome.
 NOT_TERMINAL = {ErrorClass.SUPERSEDED_ATTEMPT}
-METADATA_TIMEOUT_S = 30.0
 
 
 class Outcomes(Protocol):

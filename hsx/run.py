@@ -196,9 +196,7 @@ def broker(bootstrap: str | None) -> Iterator[str]:
     if configured:
         yield configured
         return
-    embedded = EmbeddedBroker()
-    embedded.with_parent = True  # a killed hsx run or serve leaves no broker behind
-    with embedded:
+    with EmbeddedBroker(with_parent=True) as embedded:  # a killed hsx run or serve leaves no broker behind
         print(f"hsx: embedded broker at {embedded.bootstrap}", file=sys.stderr)
         yield embedded.bootstrap
 

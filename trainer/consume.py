@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from hsx.dataset.reader import ShardHandles
 from hsx.runtime.kafka import ConsumerErrors, consumer_config
+from hsx.runtime.kafka.config import METADATA_TIMEOUT_S
 from hsx.runtime.recent import RecentKeys
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady, format_validation_error
@@ -22,7 +23,6 @@ from hsx.schemas.training import LossMaskPolicy
 from hsx.trainer.offsets import Position, Progress
 from hsx.trainer.samples import LayerLayout, TrainingSample, check_trainable, choose_layers, loss_mask, read_sample
 
-METADATA_TIMEOUT_S = 30.0
 
 
 @dataclass

@@ -14,6 +14,7 @@ from hsx.dataset.encoding import read_token_ids
 from hsx.dataset.reader import ShardHandles
 from hsx.runtime.errors import ServiceFailed
 from hsx.runtime.kafka import ConsumerErrors, consumer_config
+from hsx.runtime.kafka.config import METADATA_TIMEOUT_S
 from hsx.runtime.recent import RecentKeys
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady
@@ -22,7 +23,6 @@ from hsx.trainer.consume import ready_event, records_until_idle
 from hsx.trainer.samples import check_trainable, loss_mask
 
 POLL_S = 0.5
-METADATA_TIMEOUT_S = 30.0
 
 
 @dataclass

@@ -96,9 +96,12 @@ class EmbeddedBroker(ServerProcess):
 
     what = "broker"
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1", advertised_port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1", advertised_port: int | None = None,
+                 with_parent: bool = False) -> None:
         """``advertised_port``: the port clients are told to connect to, when
-        something (a proxy) forwards it to ``port``; by default ``port`` itself."""
+        something (a proxy) forwards it to ``port``; by default ``port`` itself.
+        ``with_parent``: SIGTERMed when this process dies (:mod:`hsx.local.with_parent`)."""
+        self.with_parent = with_parent
         self.host = host
         self.port = port or free_port(host)
         self.advertised_port = advertised_port or self.port

@@ -50,5 +50,6 @@ def main() -> None:
     sys.argv = argv[1:]
     runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
 
+
 if __name__ == "__main__":
     main()

@@ -13,6 +13,8 @@ _RDKAFKA_LOG = logging.getLogger("hsx.rdkafka")
 # Block records are up to a few MiB; raise the client-side cap above the
 # default 1 MB so they are never rejected locally (brokers need the same).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+METADATA_TIMEOUT_S = 30.0
+"""How long a reader waits for topic metadata or committed offsets."""
 SEES_NEW_TOPICS = {"topic.metadata.refresh.interval.ms": 10_000}
 """For a reader that may subscribe before its topic exists (a trainer following
 ``hidden_states.ready`` before the sink's first start created it): librdkafka
