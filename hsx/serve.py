@@ -226,7 +226,8 @@ def _rows(plan: ServePlan, reports: ReportReceiver, drained: Drained, seconds: f
         if not on:
             continue
         p50, p99 = tally.lag_quantile(0.5), tally.lag_quantile(0.99)
-        rows += [(f"{name} captured", f"{tally.ok:,} ({tally.raw_bytes:,} raw bytes)"),
+        found = f", {tally.unreported:,} found though never reported: the engine died" if tally.unreported else ""
+        rows += [(f"{name} captured", f"{tally.ok:,} ({tally.raw_bytes:,} raw bytes reported{found})"),
                  (f"{name} lost", f"{tally.failed + len(tally.lost):,}"
                                   + (f" ({len(tally.lost):,} promised when the engine was gone)" if tally.lost else "")
                                   + (f": {tally.errors[0]}" if tally.errors else "")),

@@ -109,6 +109,9 @@ class Tally:
     """Named in responses, no capture report yet."""
     lost: list[str] = field(default_factory=list)
     """Promised, and the engine was gone before the capture's report (:meth:`ReportReceiver.close`)."""
+    unreported: int = 0
+    """Promised, the engine gone before the report, and found all the same (a
+    whole file under its name, a sample in the dataset): counted in ``ok``."""
     lags: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_WINDOW))
     errors: list[str] = field(default_factory=list)
     """The first few failures' reasons, for the summary."""
@@ -230,13 +233,21 @@ class ReportReceiver:
             self._count(self._socket.recv())
         self._socket.close(linger=0)
         # A file under its final name is whole (written, then renamed): its writer died before reporting it.
-        self.files.lost = sorted(path for path in self.files.promised.held() if not os.path.exists(path))
+        unreported = sorted(self.files.promised.held())
+        self._settle("file", self.files, unreported, [path for path in unreported if not os.path.exists(path)])
         self.samples.lost = sorted(self.samples.promised.held())
-        CAPTURES.labels("file", "lost").inc(len(self.files.lost))
 
     def settle_samples(self, lost: list[str]) -> None:
         """4. Of the samples promised with no report (:meth:`close`), those still
         lost once the dataset side had its say (a sample Kafka acknowledged just
         before the engine died reaches the dataset all the same)."""
-        self.samples.lost = lost
-        CAPTURES.labels("sample", "lost").inc(len(lost))
+        self._settle("sample", self.samples, self.samples.lost, lost)
+
+    def _settle(self, output: str, tally: Tally, unreported: list[str], lost: list[str]) -> None:
+        """Of ``unreported`` (promised, no report), ``lost``; the others were found, so captured."""
+        found = len(unreported) - len(lost)
+        with self._lock:
+            tally.lost, tally.unreported = lost, found
+            tally.ok += found
+        CAPTURES.labels(output, "lost").inc(len(lost))
+        CAPTURES.labels(output, "ok").inc(found)

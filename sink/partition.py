@@ -122,6 +122,10 @@ class PartitionState:
     def buffered_bytes(self) -> int:
         return self.assembler.pending_bytes + self.shard.held_bytes + sum(shard.held_bytes for shard in self.closed)
 
+    @property
+    def unwritten_samples(self) -> int:
+        return len(self.shard.samples) + sum(len(shard.samples) for shard in self.closed)
+
     def stored_copy(self, storage: Storage, request_id: str, token_ids: list[int]) -> StoredCopy | None:
         """The copy of ``request_id`` the partition already holds (in the dataset,
         or in a shard not yet written), or None for a new request. Reads the

@@ -143,7 +143,7 @@ class Sink:
                 if self._over_budget():
                     break  # the rest waits in the client's queue; housekeeping pauses
             self._housekeeping()
-            self.stats.buffered(self._buffered())
+            self.stats.buffered(self._buffered(), sum(s.unwritten_samples for s in self._partitions.values()))
             self.member.tick()
 
     def _poll_timeout(self) -> float:

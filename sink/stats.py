@@ -12,6 +12,8 @@ from hsx.dataset.sample import Sample
 from hsx.runtime.stats import Recorder, counted
 
 _BUFFERED_BYTES = Gauge("hsx_sink_buffered_bytes", "Bytes held in memory (pending blocks, open shards, shards not yet written)")
+_UNWRITTEN_SAMPLES = Gauge("hsx_sink_unwritten_samples",
+                           "Samples read, in shards not yet written (rises while the disk or object store is slow)")
 _KNOWN_SAMPLES = Gauge("hsx_sink_known_samples", "Samples of the assigned partitions already in the dataset (dedupe keys held)")
 _LOAD_SECONDS = Gauge("hsx_sink_partition_load_seconds", "Seconds the last assignment spent loading its partitions' dedupe keys")
 
@@ -35,8 +37,9 @@ class SinkStats(Recorder):
             self.add("tokens", sample.manifest.num_tokens)
             self.add("raw_bytes", len(sample.hidden_states))
 
-    def buffered(self, nbytes: int) -> None:
+    def buffered(self, nbytes: int, unwritten_samples: int) -> None:
         _BUFFERED_BYTES.set(nbytes)
+        _UNWRITTEN_SAMPLES.set(unwritten_samples)
 
     def partitions_loaded(self, seconds: float, known_samples: int) -> None:
         """An assignment loaded its partitions' keys; ``known_samples``: of all assigned partitions."""

@@ -73,7 +73,9 @@ def test_promises_without_their_capture_are_lost_when_the_engine_is_gone(tmp_pat
                CompletionReport(request_id="s-1", attempt_id="a" * 32, ok=True, raw_bytes=10, seconds=0.1),
                CompletionReport(request_id="s-3", attempt_id="a" * 32, ok=False, error="broker refused"),
                FileReport(path="/f/5", ok=True, raw_bytes=10),  # before its promise (another process)
-               FileReport(path="/f/old", ok=False, earlier=True, error="died")]  # an earlier server's loss
+               FileReport(path="/f/old", ok=False, earlier=True, error="died"),  # an earlier server's loss
+               PromiseReport(path=str(tmp_path / "whole.safetensors"), sample_id="s-6")]  # written, never reported
+    (tmp_path / "whole.safetensors").write_bytes(b"whole")
     try:
         for report in reports:
             push.send(report.model_dump_json().encode())
@@ -86,7 +88,10 @@ def test_promises_without_their_capture_are_lost_when_the_engine_is_gone(tmp_pat
         receiver.close()  # the engine is gone: what is still promised was lost
     assert acknowledged == ["s-1"]
     assert (receiver.samples.ok, receiver.samples.failed, receiver.samples.errors) == (1, 1, ["broker refused"])
-    assert receiver.files.lost == ["/f/2", "/f/4"] and receiver.samples.lost == ["s-2"]
+    assert receiver.files.lost == ["/f/2", "/f/4"] and receiver.samples.lost == ["s-2", "s-6"]
+    assert (receiver.files.ok, receiver.files.unreported) == (3, 1)  # /f/1, /f/5, and the whole file found
+    receiver.settle_samples(["s-2"])  # the dataset side found s-6: Kafka acknowledged it as the engine died
+    assert (receiver.samples.ok, receiver.samples.unreported, receiver.samples.lost) == (2, 1, ["s-2"])
     assert receiver.earlier == ["/f/old"] and receiver.files.failed == 0  # not this server's loss
 
 
