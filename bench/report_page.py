@@ -564,9 +564,9 @@ SERVE: tuple[Block, ...] = (When("serve_plain_c1_requests_per_s", (
     "sets hsx's connector beside vLLM's own on the same engine and the same file per response. {serve_rounds} "
     "rounds, the arms' order rotated each round; every figure is the median over rounds, every ratio the median of "
     "the rounds' own ratios. On this shared 2-core machine the same arm moves by up to ±20 % between rounds (plain "
-    "at c = 32: {serve_plain_c32_requests_per_s_rounds!s} requests/s), as much as the connectors' cost; the medians "
-    "put vLLM's method, not a connector, below 0.95 of plain at c ≥ 8 (`method` ÷ plain per round at c = 8: "
-    "{serve_method_c8_vs_plain_rounds!s}), which no connector can win back.",
+    "at c = 32: {serve_plain_c32_requests_per_s_rounds!s} requests/s), as much as the connectors' cost. `method` ÷ "
+    "plain (per round at c = 8: {serve_method_c8_vs_plain_rounds!s}) bounds every capturing arm: no connector "
+    "wins back what vLLM's method costs.",
 )),)
 
 ONLINE_FEED: tuple[Block, ...] = (When("feed_hsx_samples_per_s", (
