@@ -24,7 +24,6 @@ from hsx.trainer.offsets import Position, Progress
 from hsx.trainer.samples import LayerLayout, TrainingSample, check_trainable, choose_layers, loss_mask, read_sample
 
 
-
 @dataclass
 class ConsumeOptions:
     """What every worker of one stream shares (pickled into each worker)."""
