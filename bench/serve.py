@@ -4,9 +4,13 @@
 Arms, each a server started in turn with the same engine flags:
 
 * ``plain``: vLLM's server with ``extract_hidden_states`` off (no capture);
-* ``method``: vLLM's ``extract_hidden_states`` method on, no connector: the
-  dummy draft and its hidden-state cache, nothing saved (what the method costs
-  before any connector does);
+* ``drafts``: vLLM's ``extract_hidden_states`` method as the seed configures it,
+  no connector: a draft token a decode step (the sampled one again, nearly
+  always rejected);
+* ``method``: the method as hsx configures it, no connector: no draft token
+  (:mod:`hsx.extractor.no_draft_tokens`), the dummy draft and its hidden-state
+  cache, nothing saved (what the method costs before any connector does); the
+  arms below run it too;
 * ``stock``: vLLM's own ``ExampleHiddenStatesConnector`` (its CPU port,
   :mod:`bench.files_connector`: only the device copy differs), a file per response;
 * ``files``: the seed's command with HsxConnector and ``shared_storage_path`` (a
@@ -59,14 +63,17 @@ MODEL = "smollm2-135m-instruct"
 LAYERS = [2, 15, 27, 30]
 CONCURRENCY = [1, 8, 32]
 INPUT_LEN, OUTPUT_LEN = 256, 16
-ARMS = ["plain", "method", "stock", "files", "kafka"]
+ARMS = ["plain", "drafts", "method", "stock", "files", "kafka"]
 
 
 def _server(name: str, model: Path, extra: dict[str, Any] | None, work: Path) -> HsxService:
     args = ["--model", str(model), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
             "--host", "127.0.0.1", "--disable-log-stats"]
     if name != "plain":
-        args += ["--speculative-config", json.dumps(speculative_config(LAYERS))]
+        speculative = speculative_config(LAYERS)
+        if name == "drafts":
+            del speculative["num_speculative_tokens_per_batch_size"]
+        args += ["--speculative-config", json.dumps(speculative)]
     if extra is not None:
         transfer = kv_transfer_config(extra)
         if name == "stock":
@@ -170,6 +177,7 @@ def main(args: Namespace) -> dict[str, Any]:
     results["serve_capture_vs_plain_min"] = _worst(results, ("serve_files_", "serve_kafka_"), "_vs_plain")
     results["serve_capture_vs_method_min"] = _worst(results, ("serve_files_", "serve_kafka_"), "_vs_method")
     results["serve_method_vs_plain_min"] = _worst(results, "serve_method_", "_vs_plain")
+    results["serve_drafts_vs_plain_min"] = _worst(results, "serve_drafts_", "_vs_plain")
     results["serve_capture_lag_p99_c8_s"] = max(
         (results.get(f"serve_{arm}_c8_capture_lag_p99_s") or 0.0) for arm in ("files", "kafka"))
     return results
@@ -185,7 +193,7 @@ def _ratios(figures: dict[str, Any], prompts: dict[int, int]) -> dict[str, float
     """One round's requests/s of each extracting arm ÷ ``plain``'s (and ÷ ``method``'s, ÷ ``stock``'s), per
     concurrency."""
     ratios: dict[str, float] = {}
-    for arm in ("method", "stock", "files", "kafka"):
+    for arm in ARMS[1:]:
         for c in prompts:
             mine = figures.get(f"serve_{arm}_c{c}_requests_per_s")
             for base in ("plain", "method", "stock"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hsx.extractor import no_draft_tokens
 from hsx.runtime.errors import UsageError
 from hsx.schemas import Generation
 from hsx.schemas.connector import DISCARD_KEY, EXTRA_CONFIG_KEY, PARAMS_KEY, ConnectorConfig, RequestParams
@@ -37,8 +38,10 @@ class EngineOptions:
 
 def speculative_config(layer_ids: list[int]) -> dict[str, Any]:
     """vLLM's ``speculative_config`` for ``extract_hidden_states`` of ``layer_ids``
-    (the seed's, for ``AsyncEngineArgs`` and ``vllm serve`` alike)."""
+    (for ``AsyncEngineArgs`` and ``vllm serve`` alike): the seed's, scheduling no
+    draft token a step (:mod:`hsx.extractor.no_draft_tokens`)."""
     return {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "num_speculative_tokens_per_batch_size": no_draft_tokens.SCHEDULE,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}}}
 
 

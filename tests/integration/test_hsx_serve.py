@@ -13,7 +13,8 @@ dataset, and what it promises when it ends.
   the dataset exactly once (a request arriving during the drain is answered
   "abort" by vLLM, promised nothing and captured nothing), equal to its file and
   to HF transformers', the summary counts them, and the command exits 0. hsx's
-  own metrics count the captures beside vLLM's.
+  own metrics count the captures beside vLLM's, whose show that no decode step
+  ran a draft token.
 
 Both tests run on one module's directories, in this order (the engine tests run
 on one worker, in file order); the files' is a tmpfs (root, as on the CI
@@ -189,6 +190,8 @@ def test_a_silent_broker_then_sigterm_leave_every_answered_request_in_the_datase
             serve.wait_ready(timeout=600)
             with _load(serve, model, answered, rejected):
                 scraped = metric_sum(serve_health_port(serve), "hsx_serve_captures_total")
+                generated, drafted = (metric_sum(serve.port, f"vllm:{name}_total")
+                                      for name in ("generation_tokens", "spec_decode_num_draft_tokens"))
                 os.kill(broker.pid, signal.SIGSTOP)
                 try:
                     before, said = len(answered), _readiness_within(serve, STALL_SECONDS + 15, "Kafka behind")
@@ -205,6 +208,7 @@ def test_a_silent_broker_then_sigterm_leave_every_answered_request_in_the_datase
         events = [HiddenStatesReady.model_validate_json(r.value()) for r in drain(
             KafkaSettings(bootstrap=broker.bootstrap), announced.group(1), expected=len(answered), timeout=30)]
     assert len(answered) > 4 and scraped > 0  # hsx's metrics counted captures while serving
+    assert generated > 0 and drafted == 0  # decode steps ran no draft token (hsx.extractor.no_draft_tokens)
     assert "Kafka behind" in said and served_meanwhile > 0, said  # answering while Kafka was silent, and said so
     assert all(r["kv_transfer_params"] is None for r in rejected)  # never scheduled: nothing promised
     if orphans:  # what the killed engine promised and never wrote: its loss, counted here, locks removed

@@ -33,6 +33,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 from hsx import models
 from hsx.dataset.reader import open_dataset
 from hsx.local.commands import STEADY_SESSION_TIMEOUT_MS, sink_command
+from hsx.local.scrape import metric_sum
 from hsx.local.spawn import HsxService, cpu_engine_env
 from hsx.local.topics import fresh_topics
 from hsx.reference import HFReference, max_relative_error
@@ -153,6 +154,9 @@ def test_include_output_tokens_captures_the_answer_but_its_last_token(server: Se
     data = load_hidden_states(response["kv_transfer_params"]["hidden_states_path"])
     assert data["token_ids"].tolist() == sequence[:-1]
     assert max_relative_error(data["hidden_states"], _expected(server, sequence[:-1])) < TOLERANCE
+    # The seed's configuration (no draft schedule) runs vLLM's method unchanged:
+    # a draft token a decode step (hsx's own engines run none).
+    assert metric_sum(server.service.port, "vllm:spec_decode_num_draft_tokens_total") > 0
 
 
 def test_a_request_may_ask_for_its_last_row_or_none(server: Server) -> None:
