@@ -321,18 +321,18 @@ GENERATION: tuple[Block, ...] = (
             for name in ("plain", "spec_only", "one_pass"))),
         "Where the difference to plain generation goes (spec_only / one_pass as multiples of plain, same batch):",
         Bullets((
-            "A decode step costs {over_plain_decode_step_ms!s}: vLLM's extraction proposer puts the sampled token in "
-            "the draft slot, so every decode step runs two query tokens per request instead of one.",
-            "Matmul time {over_plain_matmul_ms!s}: on this CPU the projections are compute-bound even at decode "
-            "batch sizes, so the second query token costs close to what the first does. On a GPU decode is "
-            "memory-bound (the weights are read once per step, whatever the token count), so the second token is "
-            "nearly free there; not measured here (the lent GPU machines have no vLLM).",
-            "Sampling {over_plain_phase_sample_ms!s}: each request goes through spec decoding's rejection sampler. "
-            "The hsx connector itself (gather, codec, produce) is the step from spec_only to one_pass in the table "
-            "above.",
-            "So on CPU, one pass beats two passes only by the prefill it saves (prompt + answer once more, batched "
-            "and cheap per token) minus the decode overhead it adds per generated token; the longer the answers "
-            "relative to the prompts, the smaller the gain.",
+            "A decode step costs {over_plain_decode_step_ms!s}, running {generation_profile_one_pass_"
+            "decode_query_tokens_per_request} query tokens per request (the column above): hsx's engines schedule no "
+            "draft token (`hsx.extractor.no_draft_tokens`), so a step runs the tokens plain's runs, plus the dummy "
+            "draft caching their hidden states (draft ms). vLLM's method as the seed configures it runs two (the "
+            "sampled token again as a draft, nearly always rejected): before hsx scheduled none, its decode steps "
+            "cost 1.54x / 1.57x of plain's and the matmuls 1.51x / 1.53x, the projections being compute-bound on "
+            "this CPU even at decode batch sizes.",
+            "Matmul time {over_plain_matmul_ms!s}; sampling {over_plain_phase_sample_ms!s} (a step with draft "
+            "tokens goes through spec decoding's rejection sampler). The hsx connector itself (gather, codec, "
+            "produce) is the step from spec_only to one_pass in the table above.",
+            "One pass beats two passes by the prefill it saves (prompt + answer once more, batched and cheap per "
+            "token) less what capture adds to each decode step.",
         )),
     )),
 )

@@ -13,8 +13,9 @@ asserts that it is asked for exactly one.
 :func:`install` lets it be asked for zero: it still writes the step's hidden
 states and proposes nothing, so a step runs the tokens plain decoding runs.
 vLLM calls it in every engine and worker process as a general plugin
-(``vllm.general_plugins`` in pyproject.toml). Asked for one (the seed's
-configuration, with no schedule) the proposer runs vLLM's code unchanged.
+(``vllm.general_plugins`` in pyproject.toml; where ``VLLM_PLUGINS`` is set, it
+must name ``hsx_no_draft_tokens``). Asked for one (the seed's configuration,
+with no schedule) the proposer runs vLLM's code unchanged.
 """
 
 from __future__ import annotations

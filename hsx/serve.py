@@ -88,8 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def server_argv(plan: ServePlan, extra: dict[str, Any]) -> list[str]:
-    """vLLM's server flags: the seed's command, with HsxConnector and ``extra``
-    as its ``kv_connector_extra_config``."""
+    """vLLM's server flags: the seed's command, with no draft token a step
+    (:mod:`hsx.extractor.no_draft_tokens`) and HsxConnector with ``extra`` as its
+    ``kv_connector_extra_config``."""
     engine = plan.engine
     argv = ["--model", engine.model, "--host", plan.host, "--port", str(plan.port), "--dtype", engine.dtype,
             "--max-model-len", str(engine.max_model_len),
