@@ -542,6 +542,7 @@ wheel; `libgoogle-perftools4` is a system package), so it was not tried.""",
 )
 
 SERVE_ARMS = (("plain", "plain `vllm serve` (no extraction)"),
+              ("plain_sync", "plain, `--no-async-scheduling` (the capturing arms' scheduler)"),
               ("drafts", "`extract_hidden_states` as the seed configures it, no connector"),
               ("method", "`extract_hidden_states` as hsx runs it (no draft token), no connector"),
               ("stock", "stock connector, files (CPU port)"),
@@ -554,13 +555,16 @@ SERVE: tuple[Block, ...] = (When("serve_plain_c1_requests_per_s", (
     "own, started in turn on this machine. Capture lag: from the request's end in the engine (its response) to its "
     "file complete (files) or its sample acknowledged by Kafka (Kafka), from the connector's report of each capture.",
     Table(("arm", "c", "requests/s", "output tokens/s", "TTFT p50 / p99 ms", "capture lag p50 / p99 s", "÷ plain",
-           "÷ method", "÷ stock"), tuple(
+           "÷ plain sync", "÷ method", "÷ stock"), tuple(
         (what, str(c), f"{{serve_{arm}_c{c}_requests_per_s}}", f"{{serve_{arm}_c{c}_output_tokens_per_s}}",
          f"{{serve_{arm}_c{c}_ttft_p50_ms}} / {{serve_{arm}_c{c}_ttft_p99_ms}}",
          f"{{serve_{arm}_c{c}_capture_lag_p50_s}} / {{serve_{arm}_c{c}_capture_lag_p99_s}}",
-         f"{{serve_{arm}_c{c}_vs_plain}}", f"{{serve_{arm}_c{c}_vs_method}}", f"{{serve_{arm}_c{c}_vs_stock}}")
+         f"{{serve_{arm}_c{c}_vs_plain}}", f"{{serve_{arm}_c{c}_vs_plain_sync}}", f"{{serve_{arm}_c{c}_vs_method}}",
+         f"{{serve_{arm}_c{c}_vs_stock}}")
         for arm, what in SERVE_ARMS for c in (1, 8, 32))),
-    "`plain` runs no extraction at all. `drafts` is vLLM's `extract_hidden_states` method as the seed's command "
+    "`plain` runs no extraction at all, with vLLM's default asynchronous scheduling (the next step scheduled "
+    "while one runs), which vLLM turns off for `extract_hidden_states`; `plain_sync` is plain without it, on the "
+    "capturing arms' scheduler. `drafts` is vLLM's `extract_hidden_states` method as the seed's command "
     "configures it: the dummy draft caching every layer id's rows, and a decode step carrying two query tokens a "
     "request (the sampled token proposed again as a draft, nearly always rejected). `method` is the method as hsx "
     "runs it, the same cache with no draft token (`hsx.extractor.no_draft_tokens`: a decode step runs what plain's "

@@ -4,6 +4,10 @@
 Arms, each a server started in turn with the same engine flags:
 
 * ``plain``: vLLM's server with ``extract_hidden_states`` off (no capture);
+* ``plain_sync``: ``plain`` with ``--no-async-scheduling``: vLLM schedules the
+  next step while the current one runs, but not with ``extract_hidden_states``
+  (``vllm/config/vllm.py`` turns it off), so this is plain on the capturing arms'
+  scheduler;
 * ``drafts``: vLLM's ``extract_hidden_states`` method as the seed configures it,
   no connector: a draft token a decode step (the sampled one again, nearly
   always rejected);
@@ -31,7 +35,7 @@ reports as ``hsx serve`` does) and CPU-seconds of the server's process tree per 
 of hidden states captured. Ratios to ``plain`` at the same concurrency are the
 figures to read; absolute numbers on a shared 2-core machine are noise.
 
-    python -m bench.serve [--quick] [--rounds N] [--out FILE]
+    python -m bench.serve [--quick] [--rounds N] [--arms ARM ...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -63,13 +67,15 @@ MODEL = "smollm2-135m-instruct"
 LAYERS = [2, 15, 27, 30]
 CONCURRENCY = [1, 8, 32]
 INPUT_LEN, OUTPUT_LEN = 256, 16
-ARMS = ["plain", "drafts", "method", "stock", "files", "kafka"]
+ARMS = ["plain", "plain_sync", "drafts", "method", "stock", "files", "kafka"]
 
 
 def _server(name: str, model: Path, extra: dict[str, Any] | None, work: Path) -> HsxService:
     args = ["--model", str(model), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
             "--host", "127.0.0.1", "--disable-log-stats"]
-    if name != "plain":
+    if name == "plain_sync":
+        args.append("--no-async-scheduling")
+    elif name != "plain":
         speculative = speculative_config(LAYERS)
         if name == "drafts":
             del speculative["num_speculative_tokens_per_batch_size"]
@@ -157,12 +163,12 @@ def main(args: Namespace) -> dict[str, Any]:
     rounds = 1 if args.quick else args.rounds
     results: dict[str, Any] = {"serve_model": MODEL, "serve_layers": LAYERS, "serve_input_len": INPUT_LEN,
                                "serve_output_len": OUTPUT_LEN, "serve_prompts": {str(c): n for c, n in prompts.items()},
-                               "serve_rounds": rounds}
+                               "serve_rounds": rounds, "serve_arms": args.arms}
     per_round: list[dict[str, Any]] = []
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         for r in range(rounds):
             figures: dict[str, Any] = {}
-            for arm in ARMS[r % len(ARMS):] + ARMS[: r % len(ARMS)]:
+            for arm in args.arms[r % len(args.arms):] + args.arms[: r % len(args.arms)]:
                 work = Path(tmp) / f"{arm}-{r}"
                 work.mkdir()
                 figures.update(run_arm(arm, model, work, prompts, broker.bootstrap))
@@ -171,10 +177,11 @@ def main(args: Namespace) -> dict[str, Any]:
     for key in per_round[0]:
         values = [f[key] for f in per_round if isinstance(f.get(key), int | float)]
         results[key] = round(statistics.median(values), 3) if values else None
-        if rounds > 1 and key.endswith(("_vs_plain", "_vs_method", "_vs_stock", "_requests_per_s")):
+        if rounds > 1 and key.endswith(("_vs_plain", "_vs_plain_sync", "_vs_method", "_vs_stock", "_requests_per_s")):
             results[f"{key}_rounds"] = [f.get(key) for f in per_round]
     results["serve_files_vs_stock_min"] = _worst(results, "serve_files_", "_vs_stock")
     results["serve_capture_vs_plain_min"] = _worst(results, ("serve_files_", "serve_kafka_"), "_vs_plain")
+    results["serve_capture_vs_plain_sync_min"] = _worst(results, ("serve_files_", "serve_kafka_"), "_vs_plain_sync")
     results["serve_capture_vs_method_min"] = _worst(results, ("serve_files_", "serve_kafka_"), "_vs_method")
     results["serve_method_vs_plain_min"] = _worst(results, "serve_method_", "_vs_plain")
     results["serve_drafts_vs_plain_min"] = _worst(results, "serve_drafts_", "_vs_plain")
@@ -190,13 +197,13 @@ def _worst(results: dict[str, Any], prefix: str | tuple[str, ...], suffix: str) 
 
 
 def _ratios(figures: dict[str, Any], prompts: dict[int, int]) -> dict[str, float]:
-    """One round's requests/s of each extracting arm ÷ ``plain``'s (and ÷ ``method``'s, ÷ ``stock``'s), per
-    concurrency."""
+    """One round's requests/s of each arm ÷ ``plain``'s (and ÷ ``plain_sync``'s, ``method``'s, ``stock``'s),
+    per concurrency."""
     ratios: dict[str, float] = {}
-    for arm in ARMS[1:]:
+    for arm in ARMS:
         for c in prompts:
             mine = figures.get(f"serve_{arm}_c{c}_requests_per_s")
-            for base in ("plain", "method", "stock"):
+            for base in ("plain", "plain_sync", "method", "stock"):
                 other = figures.get(f"serve_{base}_c{c}_requests_per_s")
                 if mine and other and arm != base:
                     ratios[f"serve_{arm}_c{c}_vs_{base}"] = round(mine / other, 3)
@@ -204,6 +211,9 @@ def _ratios(figures: dict[str, Any], prompts: dict[int, int]) -> dict[str, float
 
 
 if __name__ == "__main__":
-    cli = parser(__doc__).parse_args()
+    cli_parser = parser(__doc__)
+    cli_parser.add_argument("--arms", nargs="+", choices=ARMS, default=ARMS,
+                            help="the arms to run (default: all); plain is every ratio's base")
+    cli = cli_parser.parse_args()
     psutil.Process().cpu_percent()  # prime psutil's counters
     emit(main(cli), cli.out)
