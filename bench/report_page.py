@@ -572,8 +572,10 @@ SERVE: tuple[Block, ...] = (When("serve_plain_c1_requests_per_s", (
     "hsx's connector beside vLLM's own on the same engine and the same file per response. {serve_rounds} "
     "rounds, the arms' order rotated each round; every figure is the median over rounds, every ratio the median of "
     "the rounds' own ratios. On this shared 2-core machine the same arm moves by up to ±20 % between rounds (plain "
-    "at c = 32: {serve_plain_c32_requests_per_s_rounds!s} requests/s), as much as the connectors' cost. `method` ÷ "
-    "plain (per round at c = 8: {serve_method_c8_vs_plain_rounds!s}) bounds every capturing arm.",
+    "at c = 32: {serve_plain_c32_requests_per_s_rounds!s} requests/s), more than the connectors' cost and more "
+    "than a draft token's: `method` ÷ plain per round at c = 8 {serve_method_c8_vs_plain_rounds!s}, `drafts` ÷ "
+    "plain {serve_drafts_c8_vs_plain_rounds!s}. What a draft token costs a decode step is measured without a "
+    "server's noise in the generation section above.",
 )),)
 
 ONLINE_FEED: tuple[Block, ...] = (When("feed_hsx_samples_per_s", (
