@@ -609,7 +609,7 @@ ONLINE_FEED: tuple[Block, ...] = (When("feed_hsx_samples_per_s", (
 REPRODUCE: tuple[Block, ...] = (
     "## Reproduce",
     "```bash\n"
-    "make bench                      # everything, about an hour on 2 cores; writes bench/results.json + this page\n"
+    "make bench                      # everything, about 80 minutes on 2 cores; writes bench/results.json + this page\n"
     ".venv/bin/python -m bench --quick   # smoke run, tiny sizes (a few minutes)\n"
     ".venv/bin/python -m bench --only extraction   # one section; the others' figures are kept\n"
     ".venv/bin/python -m bench --preload none      # without LD_PRELOAD of libiomp5.so\n"
