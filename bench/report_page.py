@@ -550,10 +550,16 @@ SERVE_ARMS = (("plain", "plain `vllm serve` (no extraction)"),
 SERVE: tuple[Block, ...] = (When("serve_plain_c1_requests_per_s", (
     "## Serving (`python -m bench.serve`)",
     "vLLM's OpenAI server under vLLM's own load generator (`vllm bench serve`'s code), the random dataset, "
-    "{serve_input_len} prompt tokens and {serve_output_len} output tokens a request (EOS ignored), seed 0, prompts "
-    "per concurrency {serve_prompts!s}, {serve_model!s} float32, layers {serve_layers!s}; each arm a server of its "
-    "own, started in turn on this machine. Capture lag: from the request's end in the engine (its response) to its "
-    "file complete (files) or its sample acknowledged by Kafka (Kafka), from the connector's report of each capture.",
+    "{serve_input_len} prompt tokens and {serve_output_len} output tokens a request (EOS ignored), prompts per burst "
+    "and concurrency {serve_prompts!s}, {serve_model!s} float32, layers {serve_layers!s}. Paired and interleaved: "
+    "each arm is a server of its own, and the servers of a group are up together (groups {serve_groups!s}: seven "
+    "servers do not fit 24 GiB); each of {serve_rounds} passes sends one burst to every arm of the group at "
+    "concurrency 1, then 8, then 32, the arms' order rotated each pass, the same prompts for every arm of a pass (new "
+    "ones each pass: the prefix cache never answers a prefill), every server and sink idle before each burst. A "
+    "ratio is read within a pass (an arm ÷ `plain` of the same pass and concurrency); the table gives the median "
+    "over passes (every other figure is a median too; `plain`'s and `method`'s are from the first group). Capture "
+    "lag: from the request's end in the engine (its response) to its file complete (files) or its sample "
+    "acknowledged by Kafka (Kafka), from the connector's report of each capture.",
     Table(("arm", "c", "requests/s", "output tokens/s", "TTFT p50 / p99 ms", "capture lag p50 / p99 s", "÷ plain",
            "÷ plain sync", "÷ method", "÷ stock"), tuple(
         (what, str(c), f"{{serve_{arm}_c{c}_requests_per_s}}", f"{{serve_{arm}_c{c}_output_tokens_per_s}}",
@@ -562,6 +568,12 @@ SERVE: tuple[Block, ...] = (When("serve_plain_c1_requests_per_s", (
          f"{{serve_{arm}_c{c}_vs_plain}}", f"{{serve_{arm}_c{c}_vs_plain_sync}}", f"{{serve_{arm}_c{c}_vs_method}}",
          f"{{serve_{arm}_c{c}_vs_stock}}")
         for arm, what in SERVE_ARMS for c in (1, 8, 32))),
+    "Ratios ÷ plain with their passes and a bootstrap 95 % interval of the median (what the target is read "
+    "against):",
+    Table(("arm ÷ plain", "c", "median [95 % interval]", "per pass"), tuple(
+        (what, str(c), f"{{serve_{arm}_c{c}_vs_plain}} {{serve_{arm}_c{c}_vs_plain_ci95!s}}",
+         f"{{serve_{arm}_c{c}_vs_plain_rounds!s}}")
+        for arm, what in SERVE_ARMS[1:] for c in (1, 8, 32))),
     "`plain` runs no extraction at all, with vLLM's default asynchronous scheduling (the next step scheduled "
     "while one runs), which vLLM turns off for `extract_hidden_states`; `plain_sync` is plain without it, on the "
     "capturing arms' scheduler. `drafts` is vLLM's `extract_hidden_states` method as the seed's command "
@@ -569,13 +581,7 @@ SERVE: tuple[Block, ...] = (When("serve_plain_c1_requests_per_s", (
     "request (the sampled token proposed again as a draft, nearly always rejected). `method` is the method as hsx "
     "runs it, the same cache with no draft token (`hsx.extractor.no_draft_tokens`: a decode step runs what plain's "
     "runs), nothing saved; every capturing arm runs it, so `÷ method` is what a connector adds, and `÷ stock` sets "
-    "hsx's connector beside vLLM's own on the same engine and the same file per response. {serve_rounds} "
-    "rounds, the arms' order rotated each round; every figure is the median over rounds, every ratio the median of "
-    "the rounds' own ratios. On this shared 2-core machine the same arm moves by up to ±20 % between rounds (plain "
-    "at c = 32: {serve_plain_c32_requests_per_s_rounds!s} requests/s), more than the connectors' cost and more "
-    "than a draft token's: `method` ÷ plain per round at c = 8 {serve_method_c8_vs_plain_rounds!s}, `drafts` ÷ "
-    "plain {serve_drafts_c8_vs_plain_rounds!s}. What a draft token costs a decode step is measured without a "
-    "server's noise in the generation section above.",
+    "hsx's connector beside vLLM's own on the same engine and the same file per response.",
 )),)
 
 ONLINE_FEED: tuple[Block, ...] = (When("feed_hsx_samples_per_s", (
