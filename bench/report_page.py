@@ -582,6 +582,12 @@ SERVE: tuple[Block, ...] = (When("serve_plain_c1_requests_per_s", (
     "runs it, the same cache with no draft token (`hsx.extractor.no_draft_tokens`: a decode step runs what plain's "
     "runs), nothing saved; every capturing arm runs it, so `÷ method` is what a connector adds, and `÷ stock` sets "
     "hsx's connector beside vLLM's own on the same engine and the same file per response.",
+    "Pairing did not narrow the spread: two servers a burst apart still move by up to ±20 % from pass to pass "
+    "(HsxConnector files ÷ plain at c = 8: {serve_files_c8_vs_plain_rounds!s}), so on this shared 2-core machine "
+    "the noise is in the bursts themselves, not in drift over minutes. The worst capture ÷ plain is "
+    "{serve_capture_vs_plain_min} with the interval {serve_capture_vs_plain_min_ci95!s}: an interval that holds "
+    "0.95 neither meets nor refutes the target. Absolute figures compare within a group only (the groups ran at "
+    "different speeds: their server counts and free memory differ).",
 )),)
 
 ONLINE_FEED: tuple[Block, ...] = (When("feed_hsx_samples_per_s", (
@@ -615,7 +621,7 @@ ONLINE_FEED: tuple[Block, ...] = (When("feed_hsx_samples_per_s", (
 REPRODUCE: tuple[Block, ...] = (
     "## Reproduce",
     "```bash\n"
-    "make bench                      # everything, about 80 minutes on 2 cores; writes bench/results.json + this page\n"
+    "make bench                      # everything, about 95 minutes on 2 cores; writes bench/results.json + this page\n"
     ".venv/bin/python -m bench --quick   # smoke run, tiny sizes (a few minutes)\n"
     ".venv/bin/python -m bench --only extraction   # one section; the others' figures are kept\n"
     ".venv/bin/python -m bench --preload none      # without LD_PRELOAD of libiomp5.so\n"
