@@ -23,8 +23,9 @@ Arms, each a server of its own with the same engine flags:
   ``hsx sink`` writing a raw dataset: what ``hsx serve --output`` runs, with
   files too (``hsx serve``'s usual case).
 
-Paired and interleaved: every arm's server is up for the whole run (idle ones
-take memory, not cores), and each pass sends one burst to each arm in turn at
+Paired and interleaved: the servers of a group of arms are up together
+(:data:`GROUPS`; idle ones take memory, not cores), and each pass sends one burst
+to each arm of the group in turn at
 concurrency 1, then 8, then 32, the arms' order rotated each pass. A burst is the
 random dataset with a seed of its pass and concurrency, the same prompts for
 every arm of that pass (new ones each pass: vLLM's prefix cache never answers a
@@ -117,7 +118,7 @@ def _server(name: str, model: Path, extra: dict[str, Any] | None, work: Path) ->
             transfer.update(kv_connector="CpuHiddenStatesFileConnector",
                             kv_connector_module_path="bench.files_connector")
         args += ["--kv-transfer-config", json.dumps(transfer)]
-    # 1 GiB of KV cache holds c = 32's 8,704 tokens five times over; seven servers fit 24 GiB.
+    # 1 GiB of KV cache holds c = 32's 8,704 tokens several times over, and a group's servers fit 24 GiB.
     env = cpu_engine_env(VLLM_CPU_KVCACHE_SPACE="1")  # the OpenMP binding: main's
     return HsxService(name, args, work, env=env, module=SERVER, port_flag="--port", ready_path="/health")
 
@@ -280,8 +281,8 @@ def pin(engine_cpus: set[int]) -> None:
     """The servers' OpenMP threads on ``engine_cpus`` (``VLLM_CPU_OMP_THREADS_BIND``,
     which the servers inherit), this process and every other one it starts (the
     load generator, vLLM's frontends and EngineCore, the broker, the sink) on the
-    remaining cores, where there are any: a process scheduled onto a core an
-    OpenMP thread is bound to stalls every step's barrier."""
+    remaining cores, where there are any, so that nothing else is scheduled onto
+    a core whose OpenMP thread a step's barrier waits for."""
     os.environ[BIND_ENV] = cpu_list(engine_cpus)
     others = os.sched_getaffinity(0) - engine_cpus
     if others:
