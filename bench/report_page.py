@@ -535,7 +535,9 @@ vLLM warns that speculative decoding on CPU "will cause significant performance 
 development runs of `bench.extraction` (3 rounds each, same code, machine loaded by other tests, so compare
 ratios within a run only) hsx ÷ plain was 0.998 with libiomp5 and 0.76 without (per round 0.76, 0.63, 1.05),
 HF transformers ran at 320–353 tokens/s with it and 76–158 without, and plain vLLM (no speculative method)
-changed little. Both extraction engines (hsx and the stock files connector) use the `extract_hidden_states`
+changed little. With no draft token (hsx's schedule) it still counts: offline, one engine per process,
+32 prompts of 256 tokens and 16 generated, the fastest of 3 runs, two rounds in reverse order, hsx's engine
+took 9.19 / 9.06 s with libiomp5 and 10.33 / 10.30 s without, plain vLLM 11.43 / 10.50 and 10.60 / 10.52. Both extraction engines (hsx and the stock files connector) use the `extract_hidden_states`
 speculative method, so a comparison without libiomp5 would mostly measure GNU OpenMP against Intel OpenMP;
 `python -m bench --preload none` runs it that way. tcmalloc is not installed on these machines (no PyPI
 wheel; `libgoogle-perftools4` is a system package), so it was not tried.""",
