@@ -266,13 +266,15 @@ def groups(arms: list[str]) -> list[list[str]]:
 
 def summarize(per_pass: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians over passes; a ratio also as its passes' values and a bootstrap interval."""
+    ratio_suffixes = tuple(f"_vs_{base}" for base in RATIO_BASES)
     results: dict[str, Any] = {}
     for key in per_pass[0]:
         values = [f[key] for f in per_pass if isinstance(f.get(key), int | float)]
         results[key] = round(statistics.median(values), 3) if values else None
-        if len(per_pass) > 1 and key.endswith((*(f"_vs_{b}" for b in RATIO_BASES), "_requests_per_s")):
+        ratio = key.endswith(ratio_suffixes)
+        if len(per_pass) > 1 and (ratio or key.endswith("_requests_per_s")):
             results[f"{key}_rounds"] = [f.get(key) for f in per_pass]
-        if len(values) > 2 and "_vs_" in key:
+        if len(values) > 2 and ratio:
             results[f"{key}_ci95"] = _median_interval(values)
     return results
 
