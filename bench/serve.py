@@ -43,7 +43,7 @@ of hidden states captured; medians over passes. Absolute numbers on a shared
 2-core machine are noise; the ratios are the figures to read.
 
     python -m bench.serve [--quick] [--rounds N] [--arms ARM ...] [--concurrency C ...]
-                          [--engine-cpus CPU ...] [--out FILE]
+                          [--burst-scale K] [--engine-cpus CPU ...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -294,7 +294,8 @@ def pin(engine_cpus: set[int]) -> None:
 def main(args: Namespace) -> dict[str, Any]:
     model = models.prepare(names=[MODEL])[MODEL]
     pin(set(args.engine_cpus))
-    prompts = {c: BURST[c] // (4 if args.quick else 1) for c in ([1, 8] if args.quick else args.concurrency)}
+    scale = 0.25 if args.quick else args.burst_scale
+    prompts = {c: int(BURST[c] * scale) for c in ([1, 8] if args.quick else args.concurrency)}
     passes = 1 if args.quick else args.rounds
     chosen = groups(args.arms)
     results: dict[str, Any] = {"serve_model": MODEL, "serve_layers": LAYERS, "serve_input_len": INPUT_LEN,
@@ -352,6 +353,9 @@ if __name__ == "__main__":
     cli_parser.add_argument("--arms", nargs="+", choices=ARMS, default=ARMS,
                             help="the arms to run (default: all); plain is every ratio's base")
     cli_parser.add_argument("--concurrency", nargs="+", type=int, choices=CONCURRENCY, default=CONCURRENCY)
+    cli_parser.add_argument("--burst-scale", type=int, default=1,
+                            help="prompts a burst, as a multiple of the default (8 / 32 / 64 at c = 1 / 8 / 32): "
+                                 "longer bursts average more of a shared machine's noise")
     cli_parser.add_argument("--engine-cpus", nargs="+", type=int, default=sorted(os.sched_getaffinity(0)),
                             help="the cores of the servers' OpenMP threads; the other cores run everything else "
                                  "(default: all cores, shared)")
