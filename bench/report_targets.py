@@ -32,6 +32,8 @@ TARGETS = [
     ("datapath_s3_cpu_s_per_gb_path", 2.0, "connector side + sink CPU-s per GB, by reference on S3 (at most)"),
     ("serve_capture_vs_plain_min", 0.95, "vLLM's server with capture ÷ plain vLLM's server, requests/s, the worst of "
      "c = 1/8/32, files and Kafka"),
+    ("serve_long_kafka_c8_vs_plain", 0.95, "the same at c = 8, files + Kafka + sink, bursts ten times longer "
+     "(`--burst-scale 10`, 8 passes)"),
     ("serve_files_vs_stock_min", 1.0, "served requests/s, HsxConnector's files ÷ vLLM's stock connector's, the worst "
      "concurrency"),
     ("serve_capture_lag_p99_c8_s", 2.0, "capture lag p99 at concurrency 8, s: response → file complete or sample "

@@ -38,8 +38,10 @@ with a bootstrap 95 % interval of that median (``_ci95``). Per arm and
 concurrency: requests/s, output tokens/s, TTFT p50/p99 (vLLM's figures), capture
 lag p50/p99 (from the connector's own report of each capture: the response's end
 to the file complete or the sample acknowledged by Kafka; the bench receives the
-reports as ``hsx serve`` does) and CPU-seconds of the server's process tree per GB
-of hidden states captured; medians over passes. Absolute numbers on a shared
+reports as ``hsx serve`` does), CPU-seconds of the server's process tree per burst
+and per GB of hidden states captured, and of the sink and the broker per burst
+(``kafka``: on one machine they take cores the engine would have); medians over
+passes. Absolute numbers on a shared
 2-core machine are noise; the ratios are the figures to read.
 
     python -m bench.serve [--quick] [--rounds N] [--arms ARM ...] [--concurrency C ...]
@@ -147,6 +149,8 @@ class Arm:
     server: HsxService
     reports: ReportReceiver | None = None
     sink: HsxService | None = None
+    broker: psutil.Process | None = None
+    """The broker its connector and sink talk to (``kafka``), for its CPU time."""
 
     @property
     def url(self) -> str:
@@ -162,9 +166,16 @@ class Arm:
     def services(self) -> list[HsxService]:
         return [self.server, *([self.sink] if self.sink else [])]
 
+    def helpers_cpu_seconds(self) -> dict[str, float]:
+        """CPU time so far of what serves this arm's captures besides the server: its sink and the broker."""
+        if self.sink is None or self.broker is None:
+            return {}
+        return {"sink": self.sink.cpu_seconds(), "broker": sum(self.broker.cpu_times()[:2])}
 
-def start_arm(name: str, model: Path, work: Path, bootstrap: str, stack: ExitStack) -> Arm:
+
+def start_arm(name: str, model: Path, work: Path, broker: EmbeddedBroker, stack: ExitStack) -> Arm:
     """Start ``name``'s server (and sink), registered on ``stack`` to stop with the run."""
+    bootstrap = broker.bootstrap
     work.mkdir()
     reports = ReportReceiver(work) if name in ("files", "kafka") else None
     extra: dict[str, Any] | None = None
@@ -184,7 +195,7 @@ def start_arm(name: str, model: Path, work: Path, bootstrap: str, stack: ExitSta
                                  str(work / "staging"), session_timeout_ms=STEADY_SESSION_TIMEOUT_MS), work))
     server = stack.enter_context(_server(name, model, extra, work))
     server.wait_ready(timeout=900)
-    return Arm(name, server, reports, sink)
+    return Arm(name, server, reports, sink, psutil.Process(broker.pid) if sink else None)
 
 
 def settle(arms: list[Arm], timeout: float = 60.0) -> None:
@@ -206,7 +217,7 @@ def burst(arm: Arm, model: Path, concurrency: int, prompts: int, seed: int) -> d
     if arm.reports is not None:
         arm.reports.files, arm.reports.samples = Tally(), Tally()
     tally = arm.tally
-    before_cpu = arm.server.cpu_seconds()
+    before_cpu, helpers_before = arm.server.cpu_seconds(), arm.helpers_cpu_seconds()
     result = _load(arm.url, model, concurrency, prompts, seed)
     if tally is not None:  # the burst's last captures' reports
         deadline = time.monotonic() + 60
@@ -221,6 +232,8 @@ def burst(arm: Arm, model: Path, concurrency: int, prompts: int, seed: int) -> d
         f"{key}_ttft_p99_ms": round(result["p99_ttft_ms"], 1),
         f"{key}_completed": result["completed"],
         f"{key}_server_cpu_s": round(cpu, 2),
+        **{f"{key}_{name}_cpu_s": round(after - helpers_before[name], 2)
+           for name, after in arm.helpers_cpu_seconds().items()},
     }
     if tally is not None:
         for name, q in (("p50", 0.5), ("p99", 0.99)):
@@ -242,7 +255,7 @@ def run_group(group: list[str], model: Path, prompts: dict[int, int], passes: in
     with ExitStack() as stack:
         broker = stack.enter_context(EmbeddedBroker())
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-serve-")))
-        arms = [start_arm(name, model, tmp / name, broker.bootstrap, stack) for name in group]
+        arms = [start_arm(name, model, tmp / name, broker, stack) for name in group]
         rss = round(sum(arm.server.rss_bytes() for arm in arms) / 2**30, 2)
         for arm in arms:  # untimed: the first requests of a server pay its warm-up
             _load(arm.url, model, 8, 8, seed=10_000)
