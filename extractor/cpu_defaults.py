@@ -153,7 +153,7 @@ def cpu_engine_defaults(config: Any, *, dtype: str, max_model_len: int, max_num_
                         environ: Mapping[str, str], world_size: int = 1, block_size: int | None = None,
                         memory_args: bool = False, executor_chosen: bool = False,
                         is_cpu: bool = True, openmp: str | None = None) -> CpuDefaults | None:
-    """The ``VLLM_CPU_*`` variables to set for one engine (``None`` off CPU).
+    """The ``VLLM_CPU_*`` variables (and ``LD_PRELOAD``) to set for one engine (``None`` off CPU).
 
     KV cache: enough for ``max_num_seqs`` sequences of ``max_model_len`` tokens (plus
     the block vLLM holds back), at most :data:`KV_FRACTION` of the room (the memory
