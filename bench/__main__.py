@@ -34,6 +34,8 @@ created under ``__main__`` and must not outlive their section):
   concurrency 1, 8, 32: plain, ``extract_hidden_states`` without a connector,
   the stock file connector, HsxConnector's files, and files + Kafka by
   reference with a sink.
+* ``bench.serve_sink``: what ``hsx serve``'s sink costs the engine on the same
+  cores, paired within one server (bursts with the sink running and stopped).
 * ``bench.online_feed``: samples/s a trainer gets from a served model:
   speculators' synchronous online loop against ``hsx serve``, and
   ``hsx train-draft``'s reader of the ready events of the same rows as traffic.
@@ -63,7 +65,7 @@ from hsx.local.spawn import cpu_engine_env
 
 SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale", "dataset_codecs", "object_store", "datapath",
             "encode_floor", "upload_signing", "memory_policy", "direct_write", "pipeline_by_reference", "serve",
-            "online_feed"]
+            "serve_sink", "online_feed"]
 OPTIONAL_SECTIONS = ["acceptance"]
 """Run only when named in ``--only``: hours of training on two cores."""
 ROOT = Path(__file__).resolve().parent.parent

@@ -34,6 +34,10 @@ TARGETS = [
      "c = 1/8/32, files and Kafka"),
     ("serve_long_kafka_c8_vs_plain", 0.95, "the same at c = 8, files + Kafka + sink, bursts ten times longer "
      "(`--burst-scale 10`, 8 passes)"),
+    ("serve_rerun_kafka_c8_vs_plain", 0.95, "the same on a later machine of the same kind, bursts three times longer "
+     "(`--burst-scale 3`, 5 passes)"),
+    ("serve_sink_c8_running_vs_stopped", 0.95, "one server at c = 8, its sink running ÷ stopped (`bench.serve_sink`, "
+     "6 pairs): what the sink beside it costs"),
     ("serve_files_vs_stock_min", 1.0, "served requests/s, HsxConnector's files ÷ vLLM's stock connector's, the worst "
      "concurrency"),
     ("serve_capture_lag_p99_c8_s", 2.0, "capture lag p99 at concurrency 8, s: response → file complete or sample "
