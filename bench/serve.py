@@ -277,9 +277,10 @@ def groups(arms: list[str]) -> list[list[str]]:
     return [g for g in unique if not any(set(g) < set(other) for other in unique)]
 
 
-def summarize(per_pass: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians over passes; a ratio also as its passes' values and a bootstrap interval."""
-    ratio_suffixes = tuple(f"_vs_{base}" for base in RATIO_BASES)
+def summarize(per_pass: list[dict[str, Any]],
+              ratio_suffixes: tuple[str, ...] = tuple(f"_vs_{base}" for base in RATIO_BASES)) -> dict[str, Any]:
+    """Medians over passes; a ratio (a key ending in one of ``ratio_suffixes``) also
+    as its passes' values and a bootstrap interval."""
     results: dict[str, Any] = {}
     for key in per_pass[0]:
         values = [f[key] for f in per_pass if isinstance(f.get(key), int | float)]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import signal
-import statistics
 import tempfile
 import time
 from contextlib import ExitStack
@@ -32,7 +31,7 @@ from typing import Any
 import psutil
 
 from bench.section import emit, parser
-from bench.serve import BURST, MODEL, Arm, _load, _median_interval, burst, settle, start_arm
+from bench.serve import BURST, MODEL, Arm, _load, burst, settle, start_arm, summarize
 from hsx import models
 from hsx.local.broker import EmbeddedBroker
 
@@ -79,8 +78,8 @@ def main(quick: bool, rounds: int, burst_scale: int) -> dict[str, Any]:
     model = models.prepare(names=[MODEL])[MODEL]
     prompts = int(BURST[CONCURRENCY] * (0.25 if quick else burst_scale))
     pairs = 1 if quick else rounds
-    ratios: list[float] = []
-    running: list[dict[str, float]] = []
+    key = f"serve_sink_c{CONCURRENCY}"
+    per_pair: list[dict[str, float]] = []
     with ExitStack() as stack:
         broker = stack.enter_context(EmbeddedBroker())
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-serve-sink-")))
@@ -90,18 +89,12 @@ def main(quick: bool, rounds: int, burst_scale: int) -> dict[str, Any]:
             order = [True, False] if p % 2 == 0 else [False, True]
             got = {on: paired_burst(arm, model, prompts, seed=100 * p + CONCURRENCY, sink_running=on)
                    for on in order}
-            ratios.append(round(got[True]["requests_per_s"] / got[False]["requests_per_s"], 3))
-            running.append(got[True])
-            print(f"[bench.serve_sink] pair {p}: running ÷ stopped {ratios[-1]}", flush=True)
-    key = f"serve_sink_c{CONCURRENCY}"
-    results: dict[str, Any] = {f"{key}_prompts": prompts, f"{key}_pairs": pairs,
-                               f"{key}_running_vs_stopped": statistics.median(ratios),
-                               f"{key}_running_vs_stopped_rounds": ratios,
-                               f"{key}_running_vs_stopped_ci95": _median_interval(ratios) if len(ratios) > 2 else None}
-    for name in running[0]:
-        if name != "requests_per_s":
-            results[f"{key}_{name}"] = round(statistics.median(r[name] for r in running), 2)
-    return results
+            running = got[True]
+            ratio = round(running.pop("requests_per_s") / got[False]["requests_per_s"], 3)
+            per_pair.append({f"{key}_running_vs_stopped": ratio, **{f"{key}_{n}": v for n, v in running.items()}})
+            print(f"[bench.serve_sink] pair {p}: running ÷ stopped {ratio}", flush=True)
+    return {f"{key}_prompts": prompts, f"{key}_pairs": pairs,
+            **summarize(per_pair, ratio_suffixes=("_running_vs_stopped",))}
 
 
 if __name__ == "__main__":
