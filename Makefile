@@ -55,11 +55,11 @@ $(MODELS_STAMP): $(STAMP) $(wildcard hsx/models/*.py hsx/models/*.jsonl)
 	@touch $@
 
 # The three environments build side by side (pip mostly waits on downloads). The
-# suite runs on two workers: one runs every engine test, one at a time; the other
-# everything else (tests/conftest.py says how).
+# suite runs on three workers: two run the engine tests, one at a time each (the
+# fault tests apart); the third everything else (tests/conftest.py says how).
 test:
 	@$(MAKE) --no-print-directory -j3 $(MODELS_STAMP) $(TOOLS_STAMP) $(SPEC_STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 3 --dist loadgroup
 
 test-fast: $(STAMP) $(TOOLS_STAMP) $(SPEC_STAMP)
 	$(BIN)/python -m pytest -m "not engine"

@@ -20,22 +20,36 @@ from hsx.local.topics import fresh_topic_settings
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 
 
+ENGINE_GROUPS = ("engine", "faults")
+FAULT_MODULES = frozenset({
+    "test_network_faults", "test_crash_anywhere", "test_backpressure", "test_lost_assignment", "test_staging_outage",
+    "test_hostile_input", "test_engine_stall", "test_extractor_refused", "test_hsx_serve", "test_interrupt"})
+"""Engine tests of the ``faults`` group: each runs its engines as hsx services
+(child processes, none in the test's own) and spends most of its time waiting
+out what it injects (partitions, kills and restarts, a slow sink, a silent
+broker, Ctrl-C); together about as long as the rest of the engine tests."""
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """``make test`` runs two pytest-xdist workers with ``--dist loadgroup``: every
-    engine test joins one group, so one worker runs the engines one at a time
-    (sharing their session fixtures, as a single process would) while the other
-    runs everything else, which mostly waits on brokers, sinks and S3."""
+    """``make test`` runs three pytest-xdist workers with ``--dist loadgroup``. The
+    engine tests form two groups, so two workers run them one at a time each
+    (``engine``: the in-process engines and their session fixtures, as a single
+    process would share them; ``faults``: :data:`FAULT_MODULES`), at most two
+    engines at once on the machine, while the third runs everything else, which
+    mostly waits on brokers, sinks and S3."""
     for item in items:
         if item.get_closest_marker("engine"):
-            item.add_marker(pytest.mark.xdist_group("engine"))
+            faults = item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in FAULT_MODULES
+            item.add_marker(pytest.mark.xdist_group("faults" if faults else "engine"))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """On an xdist worker of a ``--dist loadgroup`` run, xdist marks grouped tests
     by a suffix of their node ids; without it (pytest-dev/pytest-xdist#1386) the
-    engine tests would spread over both workers, silently: each of them fails instead."""
-    grouped = not getattr(item.config.option, "loadgroup", False) or item.nodeid.endswith("@engine")
+    engine tests would spread over every worker, silently: each of them fails instead."""
+    grouped = (not getattr(item.config.option, "loadgroup", False)
+               or item.nodeid.endswith(tuple(f"@{group}" for group in ENGINE_GROUPS)))
     if item.get_closest_marker("engine") and not grouped:
         pytest.fail("pytest-xdist did not group the engine tests: this pytest and pytest-xdist do not work "
                     "together (pytest-dev/pytest-xdist#1386); see pyproject.toml", pytrace=False)
