@@ -140,6 +140,11 @@ def _load(url: str, model: Path, concurrency: int, prompts: int, seed: int) -> d
     return main(args)  # type: ignore[no-any-return]
 
 
+def warm_up(url: str, model: Path) -> None:
+    """Eight requests at c = 8, untimed: the first requests of a server pay its warm-up."""
+    _load(url, model, 8, 8, seed=10_000)
+
+
 @dataclass
 class Arm:
     """One arm's server, up for the whole run, with what its captures need: the
@@ -257,8 +262,8 @@ def run_group(group: list[str], model: Path, prompts: dict[int, int], passes: in
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-serve-")))
         arms = [start_arm(name, model, tmp / name, broker, stack) for name in group]
         rss = round(sum(arm.server.rss_bytes() for arm in arms) / 2**30, 2)
-        for arm in arms:  # untimed: the first requests of a server pay its warm-up
-            _load(arm.url, model, 8, 8, seed=10_000)
+        for arm in arms:
+            warm_up(arm.url, model)
         for p in range(passes):
             order = arms[p % len(arms):] + arms[: p % len(arms)]
             figures: dict[str, Any] = {f"serve_group_{'_'.join(group)}_rss_gb": rss}

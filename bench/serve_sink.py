@@ -31,7 +31,7 @@ from typing import Any
 import psutil
 
 from bench.section import emit, parser
-from bench.serve import BURST, MODEL, Arm, _load, burst, settle, start_arm, summarize
+from bench.serve import BURST, MODEL, Arm, burst, settle, start_arm, summarize, warm_up
 from hsx import models
 from hsx.local.broker import EmbeddedBroker
 
@@ -84,7 +84,7 @@ def main(quick: bool, rounds: int, burst_scale: int) -> dict[str, Any]:
         broker = stack.enter_context(EmbeddedBroker())
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-serve-sink-")))
         arm = start_arm("kafka", model, work / "kafka", broker, stack)
-        _load(arm.url, model, CONCURRENCY, 8, seed=10_000)  # untimed: the server's warm-up
+        warm_up(arm.url, model)
         for p in range(pairs):
             order = [True, False] if p % 2 == 0 else [False, True]
             got = {on: paired_burst(arm, model, prompts, seed=100 * p + CONCURRENCY, sink_running=on)
