@@ -124,18 +124,26 @@ def export_speculators(dataset_path: str | Path, out: Path, layers: list[int] | 
 
 
 VERIFIER_PLACEHOLDER = "VERIFIER"
+GPU_SEQ_LEN = 8192
+CPU_SEQ_LEN = 2048
+"""Tokens a training batch packs: speculators' usual 8,192 on an accelerator; on a
+CPU one such step over 15 SmolLM2 samples had not ended after 20 minutes on two
+cores, where 2,048 took five and a half."""
 
 
-def train_command(out: Path, metadata: ExportMetadata, verifier: str | None = None) -> str:
+def train_command(out: Path, metadata: ExportMetadata, verifier: str | None = None,
+                  total_seq_len: int = GPU_SEQ_LEN) -> str:
     """The ``speculators train`` command line for an export (README: Training on
     hsx data). The dataset records the model's name (``hsx extract --model-name``,
     by default its directory's name), which speculators cannot load unless it is
-    a directory: then :data:`VERIFIER_PLACEHOLDER` stands where ``verifier`` goes."""
+    a directory: then :data:`VERIFIER_PLACEHOLDER` stands where ``verifier`` goes.
+    ``total_seq_len``: the tokens a batch packs (:data:`CPU_SEQ_LEN` on a CPU)."""
     dtype = "float32" if metadata.dtype.value == "float32" else "bfloat16"
     verifier = verifier or (metadata.model if Path(metadata.model).is_dir() else VERIFIER_PLACEHOLDER)
     return (f"speculators train --speculator-type eagle3 --verifier-name-or-path {verifier} "
             f"--data-path {out} --target-layer-ids {' '.join(map(str, metadata.aux_layer_ids))} "
-            f"--hidden-states-dtype {dtype} --on-missing raise --total-seq-len 8192 --draft-vocab-size 32000")
+            f"--hidden-states-dtype {dtype} --on-missing raise --total-seq-len {total_seq_len} "
+            f"--draft-vocab-size 32000")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -150,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
           f"{','.join(map(str, metadata.layer_ids))}{dropped})")
     command = train_command(args.out, metadata, args.verifier)
     print(f"train with: {command}")
+    cpu_flags = train_command(args.out, metadata, args.verifier, CPU_SEQ_LEN).removeprefix("speculators train ")
+    print(f"  on a CPU, with speculators' Python: python -m hsx.trainer.speculators_cpu {cpu_flags}")
     if VERIFIER_PLACEHOLDER in command.split():
         print(f"  ({VERIFIER_PLACEHOLDER}: the directory or hub id of {metadata.model}, the model the dataset was "
               f"extracted with; --verifier fills it in)")

@@ -74,6 +74,11 @@ def test_export_prints_a_train_command_speculators_can_load(tmp_path: Path, caps
     command = next(line for line in out.splitlines() if line.startswith("train with: ")).split()
     loaded = command[command.index("--verifier-name-or-path") + 1]
     assert loaded == (verifier or "VERIFIER")
+    cpu = next(line for line in out.splitlines() if "python -m hsx.trainer.speculators_cpu" in line).split()
+    flags = cpu[cpu.index("hsx.trainer.speculators_cpu") + 1:]  # the same flags, 2,048-token batches
+    gpu = command[command.index("train", 2) + 1:]  # after "train with: speculators train"
+    assert gpu[gpu.index("--total-seq-len") + 1] == "8192" and flags[flags.index("--total-seq-len") + 1] == "2048"
+    assert [f for f in flags if f != "2048"] == [f for f in gpu if f != "8192"]
     assert ("VERIFIER: the directory or hub id of m, the model the dataset was extracted with" in out) == (
         verifier is None)
 
