@@ -34,6 +34,12 @@ class EngineOptions:
     max_num_batched_tokens: int | None = None
     enforce_eager: bool = False
     engine_args: dict[str, Any] = field(default_factory=dict)
+    draft: str | None = None
+    """An EAGLE-3 draft to speculate with (``hsx serve --draft``): the verifier's
+    states are then captured from its own forward passes
+    (:mod:`hsx.extractor.connector.verifier_states`), ``layer_ids`` being the
+    draft's aux layers and the last."""
+    num_speculative_tokens: int = 3
 
 
 def speculative_config(layer_ids: list[int]) -> dict[str, Any]:
@@ -43,6 +49,18 @@ def speculative_config(layer_ids: list[int]) -> dict[str, Any]:
     return {"method": "extract_hidden_states", "num_speculative_tokens": 1,
             "num_speculative_tokens_per_batch_size": no_draft_tokens.SCHEDULE,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}}}
+
+
+def eagle3_config(draft: str, num_speculative_tokens: int) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for serving with the EAGLE-3 ``draft``."""
+    return {"method": "eagle3", "model": draft, "num_speculative_tokens": num_speculative_tokens}
+
+
+def engine_speculative_config(options: EngineOptions) -> dict[str, Any]:
+    """The draft's when ``options`` has one, else extraction of ``options.layer_ids``."""
+    if options.draft is not None:
+        return eagle3_config(options.draft, options.num_speculative_tokens)
+    return speculative_config(options.layer_ids)
 
 
 def kv_transfer_config(extra: dict[str, Any]) -> dict[str, Any]:

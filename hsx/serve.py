@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from hsx.extractor.cli import add_model_arguments
-from hsx.extractor.engine import kv_transfer_config, speculative_config
+from hsx.extractor.engine import EngineOptions, engine_speculative_config, kv_transfer_config
 from hsx.local.spawn import HsxService, ServiceError, cpu_engine_env
 from hsx.runtime.checks import integer, number
 from hsx.runtime.errors import ExitCode
@@ -64,6 +64,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: --port + 1; vLLM's own stay on --port)")
     server.add_argument("--shutdown-timeout", type=int, default=60,
                         help="seconds requests in flight may take to finish after SIGTERM (default %(default)s)")
+    drafts = parser.add_argument_group("speculative decoding")
+    drafts.add_argument("--draft", metavar="DIR",
+                        help="serve with this EAGLE-3 draft (speculators' format, vLLM's eagle3 method) and capture "
+                             "the verifier's states from the passes that verify it: the draft's aux layers and the "
+                             "last, accepted tokens only (default: no draft, vLLM's extract_hidden_states)")
+    drafts.add_argument("--num-speculative-tokens", type=integer(1), default=EngineOptions.num_speculative_tokens,
+                        metavar="K",
+                        help="draft tokens a step with --draft (default %(default)s)")
     captures = parser.add_argument_group("where hidden states go (one or both)")
     captures.add_argument("--shared-storage-path", metavar="DIR",
                           help="a safetensors file per response, named in its kv_transfer_params.hidden_states_path "
@@ -96,7 +104,7 @@ def server_argv(plan: ServePlan, extra: dict[str, Any]) -> list[str]:
             "--max-model-len", str(engine.max_model_len),
             "--tensor-parallel-size", str(engine.tensor_parallel_size),
             "--data-parallel-size", str(engine.data_parallel_size),
-            "--speculative-config", json.dumps(speculative_config(engine.layer_ids)),
+            "--speculative-config", json.dumps(engine_speculative_config(engine)),
             "--kv-transfer-config", json.dumps(kv_transfer_config(extra)),
             "--shutdown-timeout", str(plan.shutdown_timeout)]
     if plan.model_name:

@@ -7,8 +7,10 @@ import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hsx.dataset.storage import is_object_store
+from hsx.drafts.checkpoint import check_verifier, read_draft
 from hsx.extractor.cli import check_layout, model_and_layers
 from hsx.extractor.engine import EngineOptions
 from hsx.runtime.checks import model_dir, writable_dir
@@ -68,12 +70,15 @@ def plan_from_args(args: argparse.Namespace) -> ServePlan:
         raise UsageError("--no-sink needs the cluster: --bootstrap or HSX_KAFKA_BOOTSTRAP")
     check_layout(args)
     model_dir("--model", Path(args.model))
-    _config, layers = model_and_layers(args)
+    config, layers = model_and_layers(args)
+    if args.draft is not None:
+        layers = draft_layers(args, config)
     if args.shared_storage_path is not None:
         writable_dir("--shared-storage-path", Path(args.shared_storage_path))
     if args.output is not None and not is_object_store(args.output):
         writable_dir("--output", Path(args.output))
-    engine = from_args(EngineOptions, args, layer_ids=layers, engine_args=dict(args.engine_arg))
+    engine = from_args(EngineOptions, args, layer_ids=layers, engine_args=dict(args.engine_arg),
+                       draft=None if args.draft is None else str(Path(args.draft).resolve()))
     return ServePlan(engine=engine, host=args.host, port=args.port,
                      health_port=args.health_port if args.health_port is not None else args.port + 1,
                      shutdown_timeout=args.shutdown_timeout, files=args.shared_storage_path,
@@ -81,3 +86,17 @@ def plan_from_args(args: argparse.Namespace) -> ServePlan:
                      bootstrap=args.bootstrap, own_sink=not args.no_sink,
                      dataset_codec=DatasetCodec(args.dataset_codec), inline=args.inline,
                      model_name=args.model_name, api_key=args.api_key or os.environ.get("VLLM_API_KEY"))
+
+
+def draft_layers(args: argparse.Namespace, verifier: Any) -> list[int]:
+    """``--draft``'s checkpoint checked against the verifier's text config; the
+    layers its samples hold: the draft's aux layers, then the verifier's last."""
+    if args.layers is not None:
+        raise UsageError("--layers and --draft: with a draft the captured layers are the draft's aux layers and the "
+                         "last (a sample is what that draft trains on); drop --layers")
+    draft = read_draft("--draft", args.draft)
+    check_verifier("--draft", draft, verifier)
+    if draft.aux_layer_ids is None:
+        raise UsageError(f"--draft {args.draft}: its config.json names no eagle_aux_hidden_state_layer_ids, so the "
+                         "layers it reads are the engine's choice; hsx captures the layers a draft names")
+    return sorted({*draft.aux_layer_ids, verifier.num_hidden_layers})

@@ -23,7 +23,8 @@ from hsx.runtime.settings import KafkaSettings, TopicSettings
 ENGINE_GROUPS = ("engine", "faults")
 FAULT_MODULES = frozenset({
     "test_network_faults", "test_crash_anywhere", "test_backpressure", "test_lost_assignment", "test_staging_outage",
-    "test_hostile_input", "test_engine_stall", "test_extractor_refused", "test_hsx_serve", "test_interrupt"})
+    "test_hostile_input", "test_engine_stall", "test_extractor_refused", "test_hsx_serve", "test_interrupt",
+    "test_serve_draft"})
 """Engine tests of the ``faults`` group: each runs its engines as hsx services
 (child processes, none in the test's own) and spends most of its time waiting
 out what it injects (partitions, kills and restarts, a slow sink, a silent

@@ -12,6 +12,7 @@ from hsx.cli import build_parser
 from hsx.runtime.errors import UsageError
 from hsx.serve import server_argv
 from hsx.serve_plan import plan_from_args
+from tests.unit.test_draft_checkpoint import write_draft
 
 
 @pytest.fixture
@@ -54,3 +55,32 @@ def test_the_server_gets_the_seeds_flags_and_hsx_connector(model: Path, tmp_path
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "8000"
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.5"
     assert "s3cret" not in argv  # the key goes through the environment, not the process list
+
+
+def test_a_draft_is_served_with_eagle3_and_its_layers_captured(model: Path, tmp_path: Path) -> None:
+    """``--draft``: vLLM's eagle3 method with the draft, K draft tokens a step, and
+    the captured layers the draft's aux layers plus the verifier's last (4)."""
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
+    draft = write_draft(tmp_path / "draft", aux=[1, 2, 3])
+    plan = _plan("--model", str(model), "--draft", str(draft), "--num-speculative-tokens", "2",
+                 "--shared-storage-path", str(tmp_path / "f"))
+    assert plan.engine.layer_ids == [1, 2, 3, 4]  # type: ignore[attr-defined]
+    argv = server_argv(plan, {})  # type: ignore[arg-type]
+    speculative = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert speculative == {"method": "eagle3", "model": str(draft.resolve()), "num_speculative_tokens": 2}
+
+
+@pytest.mark.parametrize(("draft_kwargs", "argv", "message"), [
+    ({}, ["--layers", "1,4"], "--layers and --draft"),
+    ({"vocab": 999}, [], "is not a draft for this model"),
+    ({"kind": "dflash"}, [], "not an EAGLE-3 checkpoint"),
+])
+def test_a_draft_that_does_not_fit_is_refused_before_the_start(model: Path, tmp_path: Path,
+                                                                draft_kwargs: dict[str, object], argv: list[str],
+                                                                message: str) -> None:
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
+    draft = write_draft(tmp_path / "draft", **draft_kwargs)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=message):
+        _plan("--model", str(model), "--draft", str(draft), "--shared-storage-path", str(tmp_path / "f"), *argv)
