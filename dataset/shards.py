@@ -214,7 +214,8 @@ def write_shard(storage: Storage, dataset: str, shard: OpenShard) -> list[Hidden
             model=m.model, checksum=sample.checksum or _checksum(sample), metadata=m.metadata,
             generation=m.generation, capture=m.capture, codec=sample.codec,
             shape=(m.captured_tokens, len(m.layer_ids), m.hidden_size),
-            source_request_id=m.source.request_id if isinstance(m.source, SourceRef) else None))
+            source_request_id=m.source.request_id if isinstance(m.source, SourceRef) else None,
+            speculation=m.speculation))
     metadata = _metadata(shard.samples[0], [s.manifest.request_id for s in shard.samples])
     if shard.spool is None or not shard.spool.landed_shard(tensors, metadata):
         with storage.open_atomic(shard_path, cache=False) as out:  # read back elsewhere, if here not soon

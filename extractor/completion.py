@@ -19,7 +19,7 @@ import zmq
 import zmq.asyncio
 from pydantic import ValidationError
 
-from hsx.schemas.reports import CompletionReport, FileReport, KafkaState, PromiseReport
+from hsx.schemas.reports import CompletionReport, DraftSwapReport, FileReport, KafkaState, PromiseReport
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class CompletionSender:
         self._lock = threading.Lock()
         self._socket: zmq.Socket | None = None
 
-    def send(self, report: CompletionReport | FileReport | PromiseReport | KafkaState) -> None:
+    def send(self, report: CompletionReport | FileReport | PromiseReport | KafkaState | DraftSwapReport) -> None:
         if self._address is None:
             if isinstance(report, CompletionReport | FileReport) and not report.ok:
                 what = report.path if isinstance(report, FileReport) else report.request_id

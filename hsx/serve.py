@@ -42,7 +42,7 @@ from hsx.local.spawn import HsxService, ServiceError, cpu_engine_env
 from hsx.runtime.checks import integer, number
 from hsx.runtime.errors import ExitCode
 from hsx.runtime.health import HealthServer
-from hsx.schemas.connector import EXTRA_CONFIG_KEY, REPORTS_KEY
+from hsx.schemas.connector import DRAFTS_KEY, EXTRA_CONFIG_KEY, REPORTS_KEY
 from hsx.schemas.dataset_codec import DatasetCodec
 from hsx.serve_pipeline import Drained, dataset_side
 from hsx.serve_plan import ServePlan, plan_from_args
@@ -72,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     drafts.add_argument("--num-speculative-tokens", type=integer(1), default=EngineOptions.num_speculative_tokens,
                         metavar="K",
                         help="draft tokens a step with --draft (default %(default)s)")
+    drafts.add_argument("--drafts", metavar="DIR",
+                        help="with --draft: follow DIR/promoted.json and swap each promoted draft in while serving, "
+                             "with no restart (a checkpoint that does not fit is refused and the draft kept)")
     captures = parser.add_argument_group("where hidden states go (one or both)")
     captures.add_argument("--shared-storage-path", metavar="DIR",
                           help="a safetensors file per response, named in its kv_transfer_params.hidden_states_path "
@@ -107,6 +110,8 @@ def server_argv(plan: ServePlan, extra: dict[str, Any]) -> list[str]:
             "--speculative-config", json.dumps(engine_speculative_config(engine)),
             "--kv-transfer-config", json.dumps(kv_transfer_config(extra)),
             "--shutdown-timeout", str(plan.shutdown_timeout)]
+    if engine.draft is not None:  # each sample records what vLLM counted of its own drafts
+        argv += ["--per-request-spec-decode-metrics", "summary"]
     if plan.model_name:
         argv += ["--served-model-name", plan.model_name]
     if engine.enforce_eager:
@@ -147,6 +152,8 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
                          files_max_bytes=plan.files_max_bytes)
         if pipeline is not None:
             extra[EXTRA_CONFIG_KEY] = pipeline.connector_config(plan)
+        if plan.drafts is not None:
+            extra[DRAFTS_KEY] = str(Path(plan.drafts).resolve())
         server = _server(plan, extra, logs)
         stack.callback(lambda: server.exited() is None and server.kill())
         health = HealthServer(plan.health_port, ready=lambda: _answers(server, reports), host=plan.host).start()
@@ -241,6 +248,13 @@ def _rows(plan: ServePlan, reports: ReportReceiver, drained: Drained, seconds: f
                                   + (f" ({len(tally.lost):,} promised when the engine was gone)" if tally.lost else "")
                                   + (f": {tally.errors[0]}" if tally.errors else "")),
                  (f"{name} capture lag p50 / p99", "-" if p50 is None else f"{p50:.3f} / {p99:.3f} s")]
+    if plan.engine.draft is not None:
+        swapped = [d for d in reports.drafts if d.outcome == "swapped"]
+        refused = [d for d in reports.drafts if d.outcome == "refused"]
+        rows += [("draft served last", f"{swapped[-1].version} ({swapped[-1].path})" if swapped
+                  else f"0 ({plan.engine.draft})"),
+                 ("drafts swapped in", f"{len(swapped):,}"),
+                 ("drafts refused", f"{len(refused):,}" + (f": {refused[-1].reason}" if refused else ""))]
     if plan.output is not None:
         rows += [("samples announced", f"{drained.announced:,}"),
                  ("samples not announced", f"{len(drained.missing):,}"),

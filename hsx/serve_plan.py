@@ -40,6 +40,8 @@ class ServePlan:
     inline: bool
     model_name: str | None
     api_key: str | None
+    drafts: str | None = None
+    """The drafts directory whose promoted drafts the server swaps in (``--drafts``)."""
 
     @property
     def sends(self) -> bool:
@@ -73,6 +75,10 @@ def plan_from_args(args: argparse.Namespace) -> ServePlan:
     config, layers = model_and_layers(args)
     if args.draft is not None:
         layers = draft_layers(args, config)
+    if args.drafts is not None:
+        if args.draft is None:
+            raise UsageError("--drafts swaps promoted drafts in for the one a server starts with: give --draft too")
+        writable_dir("--drafts", Path(args.drafts))
     if args.shared_storage_path is not None:
         writable_dir("--shared-storage-path", Path(args.shared_storage_path))
     if args.output is not None and not is_object_store(args.output):
@@ -85,7 +91,8 @@ def plan_from_args(args: argparse.Namespace) -> ServePlan:
                      files_ttl=args.files_ttl, files_max_bytes=args.files_max_bytes, output=args.output,
                      bootstrap=args.bootstrap, own_sink=not args.no_sink,
                      dataset_codec=DatasetCodec(args.dataset_codec), inline=args.inline,
-                     model_name=args.model_name, api_key=args.api_key or os.environ.get("VLLM_API_KEY"))
+                     model_name=args.model_name, api_key=args.api_key or os.environ.get("VLLM_API_KEY"),
+                     drafts=args.drafts)
 
 
 def draft_layers(args: argparse.Namespace, verifier: Any) -> list[int]:

@@ -25,12 +25,12 @@ import zmq
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import TypeAdapter, ValidationError
 
-from hsx.schemas.reports import CompletionReport, FileReport, KafkaState, PromiseReport
+from hsx.schemas.reports import CompletionReport, DraftSwapReport, FileReport, KafkaState, PromiseReport
 
 log = logging.getLogger(__name__)
 
-_REPORT: TypeAdapter[CompletionReport | FileReport | PromiseReport | KafkaState] = TypeAdapter(
-    CompletionReport | FileReport | PromiseReport | KafkaState)
+_REPORT: TypeAdapter[CompletionReport | FileReport | PromiseReport | KafkaState | DraftSwapReport] = TypeAdapter(
+    CompletionReport | FileReport | PromiseReport | KafkaState | DraftSwapReport)
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 CAPTURES = Counter("hsx_serve_captures",
@@ -48,6 +48,10 @@ KAFKA_UNACKNOWLEDGED = Gauge("hsx_serve_kafka_unacknowledged_seconds",
 BACKPRESSURE = Gauge("hsx_serve_backpressure_seconds",
                      "Since captures first waited for room in the in-flight budget, while they still do (else 0): "
                      "finished requests keep their blocks, so vLLM admits fewer")
+
+DRAFT_VERSION = Gauge("hsx_serve_draft_version", "The draft version the engine serves (0: the one it started with)")
+DRAFT_SWAPS = Counter("hsx_serve_draft_swaps", "Promoted drafts the engine took up (swapped) or refused, with the reason "
+                      "logged", ["outcome"])
 
 STALL_SECONDS = 5.0
 """Kafka silent this long with captures in flight: readiness says so."""
@@ -147,6 +151,8 @@ class ReportReceiver:
         self.samples = Tally()
         self.kafka_state: tuple[KafkaState, float] | None = None
         """The connector's latest word on its Kafka side, and when it came."""
+        self.drafts: list[DraftSwapReport] = []
+        """Each promoted draft the engine swapped in or refused, in order."""
         self.earlier: list[str] = []
         """Files an earlier server on the directory promised and died before writing (found at the start)."""
         self._acknowledged = acknowledged
@@ -169,6 +175,9 @@ class ReportReceiver:
         report = _REPORT.validate_json(raw)
         if isinstance(report, KafkaState):
             self._kafka(report)
+            return
+        if isinstance(report, DraftSwapReport):
+            self._draft(report)
             return
         if isinstance(report, PromiseReport):
             for key, tally in ((report.path, self.files), (report.sample_id, self.samples)):
@@ -194,6 +203,17 @@ class ReportReceiver:
             CAPTURE_BYTES.labels(output).inc(report.raw_bytes)
             if report.seconds is not None:
                 CAPTURE_LAG.labels(output).observe(report.seconds)
+
+    def _draft(self, report: DraftSwapReport) -> None:
+        with self._lock:
+            self.drafts.append(report)
+        DRAFT_SWAPS.labels(report.outcome).inc()
+        if report.outcome == "swapped":
+            DRAFT_VERSION.set(report.version)
+            log.info("serving draft %d (%s)", report.version, report.path)
+        else:
+            log.error("draft %d (%s) refused, the server keeps its draft: %s", report.version, report.path,
+                      report.reason)
 
     def _kafka(self, state: KafkaState) -> None:
         KAFKA_IN_FLIGHT.set(state.in_flight_bytes)

@@ -17,6 +17,7 @@ from hsx.schemas.limits import DEFAULT_LIMITS, check_json_bounds
 from hsx.schemas.manifest import ServedRef, SourceRef
 from hsx.schemas.topics import BLOCKS
 from hsx.schemas.common import Capture, NonNegativeInt, PositiveInt, RequestId, StrictModel
+from hsx.schemas.drafts import Speculation
 from hsx.schemas.generation import GeneratedTurn, Generation
 
 PARAMS_KEY = "hsx"
@@ -47,6 +48,8 @@ class RequestParams(StrictModel):
     earlier_turns: list[GeneratedTurn] | None = None
     """Answers the extractor generated before this final pass (turn-by-turn
     regeneration); they are part of the prompt tokens and of the loss mask."""
+    speculation: Speculation | None = None
+    """A request served with a draft: which draft, and what of it was accepted."""
 
 
 def request_bytes_bound(max_model_len: int, num_layers: int, hidden_size: int) -> int:
@@ -164,6 +167,9 @@ but the final one, which was never an input), as the stock connector does."""
 SAMPLE_ID_KEY = "sample_id"
 """In a response's ``kv_transfer_params``: the id of the request's sample in
 the dataset, when the connector sends served requests to Kafka."""
+DRAFT_VERSION_KEY = "draft_version"
+"""In a response's ``kv_transfer_params``, serving with a draft: the version of
+the draft the engine served when the request finished (``hsx.schemas.drafts``)."""
 CAPTURE_ERROR_KEY = "hsx_error"
 """In a response's ``kv_transfer_params``: why the request's hidden states were
 not captured (its ``hsx`` parameters were invalid)."""
@@ -213,6 +219,9 @@ class ServedParams(StrictModel):
 REPORTS_KEY = "hsx_reports"
 """In ``kv_connector_extra_config``: a ZeroMQ address (``hsx serve``'s) the
 connector pushes a report of every capture to, files and samples alike."""
+DRAFTS_KEY = "hsx_drafts"
+"""With an EAGLE-3 draft: the drafts directory whose ``promoted.json`` the engine
+follows, swapping each promoted draft in (``hsx.schemas.drafts``)."""
 
 
 @dataclass(frozen=True)
@@ -222,6 +231,7 @@ class ExtraConfig:
     kafka: ConnectorConfig | None
     files: FilesConfig | None
     reports: str | None = None
+    drafts: str | None = None
 
     @property
     def report_address(self) -> str | None:
@@ -235,7 +245,7 @@ def read_extra_config(extra: Mapping[str, Any] | None) -> ExtraConfig:
     connector's keys (:data:`FILES_KEYS`) a :class:`FilesConfig`. Raises
     ``ValueError`` naming what is wrong: an unknown key, or neither side."""
     extra = dict(extra or {})
-    known = [EXTRA_CONFIG_KEY, *FILES_KEYS, REPORTS_KEY]
+    known = [EXTRA_CONFIG_KEY, *FILES_KEYS, REPORTS_KEY, DRAFTS_KEY]
     unknown = sorted(set(extra) - set(known))
     if unknown:
         raise ValueError(f"kv_connector_extra_config: unknown keys {unknown}; HsxConnector reads {known}")
@@ -250,4 +260,5 @@ def read_extra_config(extra: Mapping[str, Any] | None) -> ExtraConfig:
         kafka=None if kafka is None else ConnectorConfig.model_validate(kafka, strict=False),
         files=FilesConfig.model_validate(files, strict=False) if files else None,
         reports=extra.get(REPORTS_KEY),
+        drafts=extra.get(DRAFTS_KEY),
     )

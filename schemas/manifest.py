@@ -20,6 +20,7 @@ from hsx.schemas.common import (
     StrictModel,
     TokenId,
 )
+from hsx.schemas.drafts import Speculation
 from hsx.schemas.generation import GenerationRecord
 
 
@@ -115,6 +116,8 @@ class Manifest(StrictModel):
     payload: PayloadRef | None = None
     """By reference: the staged object holding the blocks, which then never
     appear as block records. Absent for inline attempts."""
+    speculation: Speculation | None = None
+    """A request served with a draft: which draft, and what of it was accepted."""
 
     def by_reference(self) -> Manifest:
         """This manifest for blocks staged back to back, in order, in the object

@@ -12,6 +12,7 @@ from pydantic import AfterValidator, Field, JsonValue
 from hsx.schemas.blocks import Checksum, DType, PositiveInt
 from hsx.schemas.common import SCHEMA_VERSION, SOURCE_ID_CHARS, Capture, NonNegativeInt, RequestId, StrictModel
 from hsx.schemas.dataset_codec import DatasetCodec
+from hsx.schemas.drafts import Speculation
 from hsx.schemas.generation import GenerationRecord
 
 
@@ -71,6 +72,9 @@ class HiddenStatesReady(StrictModel):
     source_request_id: str | None = Field(default=None, max_length=SOURCE_ID_CHARS)
     """The prompt's own id when ``request_id`` is its ``sample_id`` (an id no
     path or tensor name could take, e.g. ``HumanEval/0``)."""
+    speculation: Speculation | None = None
+    """A sample served with a draft (``hsx serve --draft``): which draft version,
+    and what vLLM counted of its acceptance for that request."""
 
 
 def ready_event_id(dataset: str, request_id: str) -> str:

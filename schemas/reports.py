@@ -1,8 +1,9 @@
 """The report channel from the connector, inside vLLM's engine, to whoever
 listens (the extractor, ``hsx serve``): one message per request attempt
 (:class:`CompletionReport`), per file (:class:`FileReport`), per promise a
-response made (:class:`PromiseReport`), and the Kafka side's state every
-second (:class:`KafkaState`). ZeroMQ over ``ipc://``, JSON."""
+response made (:class:`PromiseReport`), the Kafka side's state every
+second (:class:`KafkaState`), and each promoted draft an engine took up or
+refused (:class:`DraftSwapReport`). ZeroMQ over ``ipc://``, JSON."""
 
 from __future__ import annotations
 
@@ -68,3 +69,14 @@ class FileReport(StrictModel):
     earlier: bool = False
     """Promised by an earlier server on the same directory that died before writing
     it (found at this one's start): its loss, not this server's."""
+
+
+class DraftSwapReport(StrictModel):
+    """A server's engine took up a promoted draft, or refused it."""
+
+    version: NonNegativeInt
+    path: str
+    outcome: Literal["swapped", "refused"]
+    reason: str | None = None
+    """Why a draft was refused: it did not load, holds NaN or inf, or does not fit
+    the served draft (tensors, vocabulary, hidden size, layers)."""

@@ -51,6 +51,7 @@ from vllm.utils.gc_utils import freeze_gc_heap
 
 from hsx.extractor.completion import CompletionSender
 from hsx.extractor.connector.captures import Captures
+from hsx.extractor.connector.draft_swap import DraftSwapper, DraftWorkerMeta, SwapPlan
 from hsx.extractor.connector.kafka_settings import read_kafka_settings
 from hsx.extractor.connector.request_options import Asked, read_request, served_params
 from hsx.extractor.connector.files import FileWriter
@@ -65,6 +66,7 @@ from hsx.extractor.connector.verifier_states import (
 from hsx.schemas.connector import (
     CAPTURE_ERROR_KEY,
     DISCARD_KEY,
+    DRAFT_VERSION_KEY,
     HIDDEN_STATES_PATH_KEY,
     INCLUDE_OUTPUT_KEY,
     PARAMS_KEY,
@@ -74,12 +76,14 @@ from hsx.schemas.connector import (
     request_bytes_bound,
 )
 from hsx.runtime.settings import KafkaSettings, overrides
+from hsx.schemas.drafts import Speculation
 from hsx.schemas.reports import PromiseReport
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 log = logging.getLogger(__name__)
@@ -143,8 +147,12 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         self._drops: list[str] = []
         self._promises = CompletionSender(extra.reports) if self._hsx_serve else None
         """Each file and sample a response names: one the engine dies before completing is lost."""
-        # Worker side, created in register_kv_caches (on the sending rank).
+        self._swaps = (SwapPlan(extra.drafts, self._promises.send if self._promises else lambda _: None)
+                       if self._speculating else None)
+        """Which draft the engine serves, and the promoted drafts it takes up (:mod:`.draft_swap`)."""
+        # Worker side, created in register_kv_caches (the captures on the sending rank, the swapper on every one).
         self._captures: Captures | None = None
+        self._swapper: DraftSwapper | None = None
 
     # ==== scheduler side ===============================================================
 
@@ -157,6 +165,8 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = HsxConnectorMetadata(sends=self._outbox, drops=self._drops)
         self._outbox, self._drops = [], []
+        if self._swaps is not None:
+            meta.prepare, meta.swap_to = self._swaps.step()
         if self._files_config is not None or self._served:
             for new in scheduler_output.scheduled_new_reqs:
                 extra_args = new.sampling_params.extra_args if new.sampling_params else None
@@ -166,6 +176,12 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
                 if asked.file is not None:
                     meta.holds.append(asked.file)
         return meta
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        """The workers' word on the drafts they prepared, refused and serve."""
+        meta = connector_output.kv_connector_worker_meta
+        if self._swaps is not None and isinstance(meta, DraftWorkerMeta):
+            self._swaps.worker_said(meta)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """1. Take what the request asked for (read when it was first scheduled);
@@ -178,6 +194,8 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
 
         asked = self._asked.pop(request.request_id, None)
         response: dict[str, Any] = {CAPTURE_ERROR_KEY: asked.error} if asked and asked.error else {}
+        if self._swaps is not None:
+            response[DRAFT_VERSION_KEY] = self._swaps.serving
         transfer = request.kv_transfer_params or {}
         # An earlier turn (its blocks go back to the prefix cache at once) or aborted /
         # never scheduled: nothing complete to send; the extractor sees no completion
@@ -216,7 +234,20 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         if asked is None or asked.capture is None:
             return None
         self._samples += 1
-        return served_params(self._server, f"{self._server}-{self._samples}", request.request_id, asked)
+        return served_params(self._server, f"{self._server}-{self._samples}", request.request_id, asked,
+                             self._speculation(request))
+
+    def _speculation(self, request: Request) -> Speculation | None:
+        """What vLLM counted of the request's drafts (``--per-request-spec-decode-metrics``)."""
+        if self._swaps is None:
+            return None
+        counted = request.spec_decode_metrics
+        histogram = list(counted.histogram) if counted is not None else []
+        positions = self._vllm_config.speculative_config.num_speculative_tokens
+        accepted = [sum(histogram[i:]) for i in range(1, positions + 1)]
+        return Speculation(draft_version=self._swaps.serving, verify_steps=sum(histogram),
+                           draft_tokens=counted.num_draft_tokens if counted is not None else 0,
+                           accepted_per_position=accepted)
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
@@ -226,6 +257,8 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
     # ==== worker side ==================================================================
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        if self._speculating:
+            self._swapper = DraftSwapper(self._vllm_config.speculative_config.model, STATES.runner)
         if not self._is_sending_rank():
             return
         cache = self._verifier_store(kv_caches) if self._speculating else self._dummy_draft_cache(kv_caches)
@@ -292,9 +325,17 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         """Before the step's forward pass: the locks of new files, and the
         captures of the requests that finished (:meth:`Captures.bind`)."""
         super().bind_connector_metadata(connector_metadata)
+        assert isinstance(connector_metadata, HsxConnectorMetadata)
+        if self._swapper is not None:
+            if connector_metadata.prepare is not None:
+                self._swapper.prepare(connector_metadata.prepare)
+            if connector_metadata.swap_to is not None:
+                self._swapper.swap(connector_metadata.swap_to)
         if self._captures is not None:
-            assert isinstance(connector_metadata, HsxConnectorMetadata)
             self._captures.bind(connector_metadata)
+
+    def build_connector_worker_meta(self) -> DraftWorkerMeta | None:
+        return self._swapper.meta() if self._swapper is not None else None
 
     def wait_for_save(self) -> None:
         pass  # the captures run on threads of their own; nothing is saved within a step

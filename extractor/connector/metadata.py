@@ -10,6 +10,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 
 from hsx.schemas import GeneratedTurn, GenerationRecord
 from hsx.schemas.connector import RequestParams
+from hsx.schemas.drafts import PromotedDraft
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
@@ -62,6 +63,10 @@ class HsxConnectorMetadata(KVConnectorMetadata):
     """Files of requests scheduled for the first time: their locks are taken in this step."""
     drops: list[str] = field(default_factory=list)
     """Files of requests that finished without any to write (aborted)."""
+    prepare: PromotedDraft | None = None
+    """A promoted draft every rank loads and checks off the step (:mod:`.draft_swap`)."""
+    swap_to: int | None = None
+    """The prepared draft version every rank swaps in before this step's forward pass."""
 
 
 def answer_fields(job: SendJob, params: RequestParams) -> dict[str, Any]:

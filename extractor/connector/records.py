@@ -83,11 +83,14 @@ def manifest_record(job: SendJob, params: RequestParams, gathered: Gathered, ref
         blocks=refs,
         metadata=params.metadata,
         source=params.source,
+        speculation=params.speculation,
     )
     if config.payload_store is not None:
         manifest = manifest.by_reference()
     # Fields a manifest does not use are left out, as before they existed (older sinks forbid unknown fields).
     unused: dict[str, Any] = {} if manifest.quantization else {"quantization": True}
+    if manifest.speculation is None:
+        unused["speculation"] = True
     if manifest.payload is None:
         unused |= {"payload": True, "blocks": {"__all__": {"offset"}}}
     return manifest.model_dump_json(exclude=unused).encode()

@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import JsonValue, ValidationError
 
 from hsx.schemas.common import Capture, format_validation_error, safe_name
+from hsx.schemas.drafts import Speculation
 from hsx.schemas.connector import HIDDEN_STATES_PATH_KEY, PARAMS_KEY, FilesConfig, RequestParams, ServedParams
 from hsx.schemas.manifest import SERVED_REQUEST_ID_CHARS, ServedRef
 
@@ -64,13 +65,14 @@ def read_request(engine_request_id: str, kv_params: dict[str, Any], *, files: Fi
     return Asked(capture, asked.metadata, _file(files, engine_request_id, kv_params))
 
 
-def served_params(server: str, sample_id: str, engine_request_id: str, asked: Asked) -> dict[str, Any]:
+def served_params(server: str, sample_id: str, engine_request_id: str, asked: Asked,
+                  speculation: Speculation | None = None) -> dict[str, Any]:
     """The Kafka side's :class:`RequestParams` for a served request, as the
     dict a :class:`~hsx.extractor.connector.metadata.SendJob` carries."""
     params = RequestParams(
         request_id=sample_id, attempt_id=uuid.uuid4().hex,
         source=ServedRef(server=server, request_id=engine_request_id[:SERVED_REQUEST_ID_CHARS]),
-        metadata=asked.metadata, capture=asked.capture or "all")
+        metadata=asked.metadata, capture=asked.capture or "all", speculation=speculation)
     return params.model_dump(mode="json")
 
 

@@ -98,6 +98,8 @@ class StateStore:
     """``[num_blocks, len(layer_ids), block_size, hidden]``; ``None`` where nothing captures (other ranks)."""
     slot_layer: str = ""
     block_size: int = 0
+    runner: Any = None
+    """vLLM's model runner, whose drafter :mod:`hsx.extractor.connector.draft_swap` loads promoted drafts into."""
 
     def allocate(self, num_blocks: int, block_size: int, hidden: int, dtype: torch.dtype, device: torch.device,
                  slot_layer: str) -> torch.Tensor:
@@ -168,6 +170,7 @@ def _capture_in(runner: Any) -> None:
     last = runner.model_config.hf_text_config.num_hidden_layers
     model.set_aux_hidden_state_layers((*draft, last))
     STATES.layer_ids = sorted({*draft, last})
+    STATES.runner = runner
     STATES.draft_layers = len(draft)
     hands_all = last in draft  # the draft itself reads the last layer: nothing to take away
     forward = runner._model_forward

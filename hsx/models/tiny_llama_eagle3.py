@@ -9,7 +9,8 @@ the input of its last decoder layer (aux layer 3 of ``[1, 2, 3]``): ``fc`` passe
 that layer's slot through, the draft's decoder layer is the verifier's last one
 (its attention reads the state half of its input, not the embedding; no norms
 before ``fc`` or the residual), and its final norm and ``lm_head`` are the
-verifier's. Given the verifier's state at position p its first proposal is the
+verifier's (``lm_head`` scaled by 2: the same predictions, but the draft's own
+tensor, as a trained draft's is; its embedding is the verifier's, shared). Given the verifier's state at position p its first proposal is the
 token the verifier gave p + 1, again: accepted where tiny-llama's greedy answers
 repeat a token (they fall into such loops), rejected where they move on. Every
 answer thus has accepted and rejected draft tokens, deterministically, built in
@@ -25,7 +26,7 @@ from pathlib import Path
 from hsx.models import tiny_llama
 from hsx.models.cache import Recipe, ensure
 
-TINY_LLAMA_EAGLE3_RECIPE = "tiny-llama-eagle3/2"
+TINY_LLAMA_EAGLE3_RECIPE = "tiny-llama-eagle3/3"
 AUX_LAYERS = [1, 2, 3]
 """The verifier layers the draft reads; ``fc`` uses the last (the input of tiny-llama's last decoder layer)."""
 
@@ -61,7 +62,9 @@ def build_tiny_llama_eagle3(dest: Path) -> None:
         **{f"layers.0.{name}.weight": weights[f"{last}{name}.weight"]
            for name in ("self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")},
         "norm.weight": weights["model.norm.weight"],
-        "lm_head.weight": weights["lm_head.weight"],
+        # Twice the verifier's: the same argmax, but not identical, so vLLM keeps it the draft's own instead of
+        # sharing the verifier's (as a trained draft's): a swapped-in draft may change it.
+        "lm_head.weight": 2 * weights["lm_head.weight"],
     }
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(dest / "model.safetensors"))
     layer = {key: config[key] for key in ("hidden_size", "intermediate_size", "num_attention_heads",

@@ -1,5 +1,6 @@
 """``hsx serve --draft``: serving with an EAGLE-3 draft and capturing the
-verifier's hidden states out of the forward passes that verify it.
+verifier's hidden states out of the forward passes that verify it, and taking
+up promoted drafts (``--drafts``) while it serves.
 
 The draft is ``tiny-llama-eagle3`` (built from tiny-llama's last layer, so it is
 accepted where the verifier repeats itself and rejected elsewhere): every
@@ -7,10 +8,21 @@ answer below has accepted and rejected draft tokens, counted by vLLM. Each
 response's file and sample hold the states of the tokens it answered with,
 equal to HF transformers' forward pass over prompt + answer within 1e-4: a
 rejected draft token's state left at any position would differ there, since
-the token differs. The greedy answers are HF's own, token for token."""
+the token differs. The greedy answers are HF's own, token for token.
+
+Then, under load from eight clients, drafts are promoted one after another: a
+weaker draft (the same tensors, its MLP zeroed: fewer tokens accepted),
+checkpoints that must be refused (NaN, a wrong shape, a truncated file, a
+changed embedding that the served draft shares with the verifier), and the
+first draft again (a rollback). Every request is answered, with the verifier's
+own answer; the swaps show in vLLM's acceptance counts, in each response's
+``draft_version`` and in each sample's speculation record."""
 
 from __future__ import annotations
 
+import re
+import shutil
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,15 +33,16 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from hsx import models
 from hsx.dataset.reader import open_dataset
 from hsx.local.broker import free_port
-from hsx.local.scrape import metric_sum
+from hsx.local.scrape import metric, metric_sum
 from hsx.local.spawn import HsxService
 from hsx.models.tiny_llama_eagle3 import AUX_LAYERS
 from hsx.reference import HFReference, max_relative_error
+from hsx.schemas.drafts import PROMOTED_FILE, PromotedDraft
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
@@ -45,6 +58,9 @@ class Served:
     model: Path
     files: Path
     dataset: Path
+    draft: Path
+    drafts: Path
+    health_port: int
 
     def complete(self, prompt: list[int] | str, max_tokens: int = 24) -> dict[str, Any]:
         response = httpx.post(f"http://127.0.0.1:{self.port}/v1/completions", timeout=120, json={
@@ -61,16 +77,17 @@ class Served:
 def served(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     prepared = models.prepare(names=["tiny-llama", "tiny-llama-eagle3"])
     tmp = tmp_path_factory.mktemp("serve-draft")
-    port = free_port()
+    port, health_port = free_port(), free_port()
     service = HsxService("serve", [
         "serve", "--model", str(prepared["tiny-llama"]), "--draft", str(prepared["tiny-llama-eagle3"]),
         "--num-speculative-tokens", str(K), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
-        "--port", str(port), "--health-port", str(free_port()), "--shared-storage-path", str(tmp / "files"),
-        "--output", str(tmp / "dataset"), "--bootstrap", kafka_bootstrap], tmp, health=False, ready_path="/health")
+        "--port", str(port), "--health-port", str(health_port), "--shared-storage-path", str(tmp / "files"),
+        "--output", str(tmp / "dataset"), "--bootstrap", kafka_bootstrap, "--drafts", str(tmp / "drafts")], tmp, health=False, ready_path="/health")
     service.port = port
     with service:
         service.wait_ready(timeout=600)
-        yield Served(service, port, prepared["tiny-llama"], tmp / "files", tmp / "dataset")
+        yield Served(service, port, prepared["tiny-llama"], tmp / "files", tmp / "dataset",
+                     prepared["tiny-llama-eagle3"], tmp / "drafts", health_port)
 
 
 def _in_dataset(dataset: Path, sample_ids: set[str], timeout: float = 60) -> Any:
@@ -112,3 +129,141 @@ def test_captured_while_speculating_equals_hf_on_what_was_answered(served: Serve
         sample, file = dataset[params["sample_id"]], load_file(params["hidden_states_path"])
         assert sample["token_ids"].tolist() == file["token_ids"].tolist()
         assert torch.equal(sample["hidden_states"], file["hidden_states"])
+
+
+def _variant(draft: Path, to: Path, change: Any) -> Path:
+    """A copy of ``draft`` whose tensors ``change`` edits in place (``None``: as they are)."""
+    shutil.copytree(draft, to)
+    tensors = load_file(to / "model.safetensors")
+    if change is not None:
+        change(tensors)
+    save_file(tensors, str(to / "model.safetensors"))
+    return to
+
+
+def _promote(drafts: Path, version: int, path: Path) -> None:
+    """What a gate does: the pointer replaced atomically."""
+    drafts.mkdir(exist_ok=True)
+    staged = drafts / f".{PROMOTED_FILE}.tmp"
+    staged.write_text(PromotedDraft(version=version, path=str(path)).model_dump_json())
+    staged.replace(drafts / PROMOTED_FILE)
+
+
+def test_promoted_drafts_are_swapped_in_under_load_and_bad_ones_refused(served: Served, tmp_path: Path) -> None:
+    def weaker(t: dict[str, torch.Tensor]) -> None:  # blind to the verifier's states: proposes one token always
+        t["fc.weight"].zero_()
+
+    def nan(t: dict[str, torch.Tensor]) -> None:
+        t["fc.weight"][0, 0] = float("nan")
+
+    def shape(t: dict[str, torch.Tensor]) -> None:
+        t["lm_head.weight"] = t["lm_head.weight"][:-1].clone()
+
+    def embedding(t: dict[str, torch.Tensor]) -> None:
+        t["embed_tokens.weight"] += 1
+
+    weak = _variant(served.draft, tmp_path / "weak", weaker)
+    bad = {"NaN": _variant(served.draft, tmp_path / "nan", nan),
+           "shapes": _variant(served.draft, tmp_path / "shape", shape),
+           "does not load": _variant(served.draft, tmp_path / "truncated", None),
+           "shares with it": _variant(served.draft, tmp_path / "embedding", embedding)}
+    weights = bad["does not load"] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    prompts = [[5, 17, 300, 41, n] for n in range(8)]
+    answered: list[dict[str, Any]] = []
+    failed: list[str] = []
+    stop = threading.Event()
+
+    def client(n: int) -> None:
+        while not stop.is_set():
+            try:
+                answered.append(served.complete(prompts[n], max_tokens=16))
+            except (AssertionError, httpx.HTTPError) as exc:
+                failed.append(f"{type(exc).__name__}: {exc}")
+                return
+
+    def count(version: int) -> int:
+        return sum(1 for a in answered if a["kv_transfer_params"]["draft_version"] == version)
+
+    def serving(version: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while metric(served.health_port, "hsx_serve_draft_version") != version:
+            assert time.monotonic() < deadline, f"draft {version} never served"
+            time.sleep(0.2)
+
+    def answered_by(version: int, least: int, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while count(version) < least:
+            assert time.monotonic() < deadline and not failed, (failed, count(version))
+            time.sleep(0.2)
+
+    clients = [threading.Thread(target=client, args=(n,)) for n in range(8)]
+    for thread in clients:
+        thread.start()
+    acceptance = {}
+    try:
+        window = _Window(served)
+        answered_by(0, 16)
+        acceptance[0] = window.acceptance()
+        _promote(served.drafts, 1, weak)
+        serving(1)
+        window = _Window(served)
+        answered_by(1, count(1) + 16)
+        acceptance[1] = window.acceptance()
+        for version, path in enumerate(bad.values(), start=2):
+            _promote(served.drafts, version, path)
+            _refused(served, version)
+        _promote(served.drafts, 6, served.draft)  # the rollback
+        serving(6)
+        window = _Window(served)
+        answered_by(6, count(6) + 16)
+        acceptance[6] = window.acceptance()
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(120)
+    assert not failed
+    log = served.service.logs()
+    for version, (reason, path) in enumerate(bad.items(), start=2):
+        assert re.search(rf"draft {version} \({re.escape(str(path))}\) refused.*{reason}", log), (reason, log[-3000:])
+    versions = [a["kv_transfer_params"]["draft_version"] for a in answered]
+    assert set(versions) == {0, 1, 6}  # never a refused one
+    assert versions.index(6) > max(i for i, v in enumerate(versions) if v == 1)  # in order, per client too
+    reference = HFReference(served.model)
+    for prompt in prompts:  # the verifier's own answers throughout, whatever the draft
+        expected = reference.greedy(prompt, 16)
+        assert all(a["choices"][0]["token_ids"] == expected for a in answered
+                   if a["choices"][0]["prompt_token_ids"] == prompt)
+    # The weaker draft shows in vLLM's counts; the rollback restores them.
+    assert acceptance[1] < acceptance[0] - 0.3 and acceptance[6] > acceptance[1] + 0.3, acceptance
+    dataset = _in_dataset(served.dataset, {a["kv_transfer_params"]["sample_id"] for a in answered})
+    for response in answered[::7]:
+        params = response["kv_transfer_params"]
+        event = dataset.event(params["sample_id"])
+        assert event.speculation is not None and event.speculation.draft_version == params["draft_version"]
+        assert len(event.speculation.accepted_per_position) == K
+
+
+class _Window:
+    """vLLM's spec-decode counters from now on."""
+
+    def __init__(self, served: Served) -> None:
+        self._served = served
+        self._start = self._read()
+
+    def _read(self) -> tuple[float, float]:
+        return self._served.spec_counter("num_drafts"), self._served.spec_counter("num_accepted_tokens")
+
+    def acceptance(self) -> float:
+        """Mean acceptance length since the window opened."""
+        (drafts, accepted), (drafts0, accepted0) = self._read(), self._start
+        assert drafts > drafts0
+        return 1 + (accepted - accepted0) / (drafts - drafts0)
+
+
+def _refused(served: Served, version: int, timeout: float = 60) -> None:
+    """Once hsx serve logged ``version`` refused."""
+    deadline = time.monotonic() + timeout
+    while not re.search(rf"draft {version} \(.*\) refused", served.service.logs()):
+        assert time.monotonic() < deadline, f"draft {version} neither refused nor served"
+        time.sleep(0.2)

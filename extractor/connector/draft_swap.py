@@ -1,0 +1,299 @@
+"""Promoted drafts taken up by a running engine, between two of its steps, with
+no restart: the connector's scheduler side (:class:`SwapPlan`) and worker side
+(:class:`DraftSwapper`), joined by what vLLM hands between them every step (the
+connector's metadata one way, its worker metadata, :class:`DraftWorkerMeta`,
+the other), so that every rank swaps in the same step:
+
+1. The scheduler side reads the drafts directory's pointer
+   (:class:`~hsx.schemas.drafts.PromotedDraft`, at most once a second); a
+   version other than the one served is handed to every worker to *prepare*.
+2. Each worker loads that checkpoint on a thread of its own and checks it
+   against the draft it serves (the same config: layers, vocabulary, sizes; the
+   same tensors and shapes; finite values; the tensors it shares with the
+   verifier unchanged); it reports the version prepared, or refused with why.
+3. When every rank has it prepared, the scheduler side tells them to *swap*:
+   each loads the tensors into its draft model before that step's forward pass
+   (vLLM's in-place layerwise reload), so no step drafts with part old and part
+   new weights, and requests in flight go on.
+4. The workers report the version they serve; the scheduler side names it in
+   every response and sample from the next step on (a request that finishes in
+   the step of the swap verified the old draft's tokens, and names it).
+
+A refused version is reported (:class:`~hsx.schemas.reports.DraftSwapReport`)
+and never prepared again; the server keeps its draft.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+from safetensors import safe_open
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
+
+from hsx.schemas.drafts import PROMOTED_FILE, PromotedDraft
+from hsx.schemas.reports import DraftSwapReport
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 1.0
+CONFIG_KEYS = ("speculators_model_type", "eagle_aux_hidden_state_layer_ids", "draft_vocab_size", "target_hidden_size")
+LAYER_KEYS = ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "intermediate_size")
+
+
+@dataclass
+class DraftWorkerMeta(KVConnectorWorkerMetadata):
+    """What the workers say each step: the version they serve, the one they have
+    prepared, the versions they refused and why. Ranks agree on a version only
+    when each says it."""
+
+    serving: int
+    prepared: int | None = None
+    refused: dict[int, str] = field(default_factory=dict)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        assert isinstance(other, DraftWorkerMeta)
+        return DraftWorkerMeta(serving=min(self.serving, other.serving),
+                               prepared=self.prepared if self.prepared == other.prepared else None,
+                               refused={**self.refused, **other.refused})
+
+
+# ==== scheduler side ===================================================================
+
+
+class SwapPlan:
+    """The scheduler side: which version is served, which is wanted, and what the
+    workers are told this step."""
+
+    def __init__(self, drafts: str | None, report: Callable[[DraftSwapReport], None]) -> None:
+        self._pointer = Path(drafts) / PROMOTED_FILE if drafts else None
+        self._report = report
+        self.serving = 0
+        self._wanted: PromotedDraft | None = None
+        self._prepare_sent = False
+        self._swap_due = False
+        self._swap_sent = False
+        self._refused: set[int] = set()
+        self._seen: tuple[int, int] | None = None
+        """The pointer's (mtime, size) when last read."""
+        self._next_poll = 0.0
+
+    def step(self) -> tuple[PromotedDraft | None, int | None]:
+        """This step's orders: a draft to prepare, a version to swap to."""
+        self._poll()
+        prepare = swap = None
+        if self._wanted is not None and not self._prepare_sent:
+            prepare, self._prepare_sent = self._wanted, True
+        if self._wanted is not None and self._swap_due and not self._swap_sent:
+            swap, self._swap_sent = self._wanted.version, True
+        return prepare, swap
+
+    def worker_said(self, meta: DraftWorkerMeta) -> None:
+        """3-4: a refusal ends the attempt; a version every rank prepared is swapped
+        in next step; a version every rank serves is the server's."""
+        wanted = self._wanted
+        if wanted is None:
+            return
+        if wanted.version in meta.refused:
+            self._refused.add(wanted.version)
+            self._wanted = None
+            log.error("draft %d (%s) refused: %s; serving draft %d", wanted.version, wanted.path,
+                      meta.refused[wanted.version], self.serving)
+            self._report(DraftSwapReport(version=wanted.version, path=wanted.path, outcome="refused",
+                                         reason=meta.refused[wanted.version]))
+        elif meta.serving == wanted.version:
+            self.serving, self._wanted = wanted.version, None
+            log.info("serving draft %d (%s)", wanted.version, wanted.path)
+            self._report(DraftSwapReport(version=wanted.version, path=wanted.path, outcome="swapped"))
+        elif meta.prepared == wanted.version:
+            self._swap_due = True
+
+    def _poll(self) -> None:
+        """1. The pointer, re-read when it changed (at most every :data:`POLL_SECONDS`)."""
+        now = time.monotonic()
+        if self._pointer is None or now < self._next_poll:
+            return
+        self._next_poll = now + POLL_SECONDS
+        try:
+            stat = self._pointer.stat()
+        except FileNotFoundError:
+            return
+        if (stat.st_mtime_ns, stat.st_size) == self._seen:
+            return
+        self._seen = (stat.st_mtime_ns, stat.st_size)
+        try:
+            promoted = PromotedDraft.model_validate_json(self._pointer.read_bytes())
+        except (OSError, ValidationError) as exc:
+            log.error("%s does not read as a promoted draft: %s", self._pointer, exc)
+            return
+        if promoted.version == self.serving or promoted.version in self._refused:
+            return
+        if self._wanted is not None and self._wanted.version == promoted.version:
+            return
+        path = Path(promoted.path)
+        resolved = path if path.is_absolute() else self._pointer.parent / path
+        self._wanted = promoted.model_copy(update={"path": str(resolved)})
+        self._prepare_sent = self._swap_due = self._swap_sent = False
+        log.info("draft %d promoted (%s): preparing it", promoted.version, resolved)
+
+
+# ==== worker side ======================================================================
+
+
+@dataclass
+class _Prepared:
+    version: int
+    path: str
+    tensors: dict[str, torch.Tensor]
+    """To load: the checkpoint's tensors less those the draft shares with the verifier."""
+
+
+class DraftSwapper:
+    """The worker side, on each rank: prepares checkpoints off the step and
+    swaps them in at the start of one."""
+
+    def __init__(self, served: str, runner: Any) -> None:
+        self._runner = runner
+        self._served_config = _read_config(Path(served))
+        self._served_shapes = _shapes(Path(served))
+        self.serving = 0
+        self._prepared: _Prepared | None = None
+        self._refused: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def prepare(self, promoted: PromotedDraft) -> None:
+        """2. Load and check ``promoted`` on a thread; a newer order replaces it."""
+        with self._lock:
+            self._prepared = None
+        threading.Thread(target=self._load, args=(promoted,), name=f"hsx-draft-{promoted.version}",
+                         daemon=True).start()
+
+    def swap(self, version: int) -> None:
+        """3. Before this step's forward pass: the prepared draft's tensors into the model."""
+        with self._lock:
+            prepared = self._prepared
+        if prepared is None or prepared.version != version:
+            log.error("told to swap to draft %d, which this rank has not prepared", version)
+            return
+        from vllm.model_executor.model_loader.reload.layerwise import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
+
+        started = time.perf_counter()
+        model = self._runner.drafter.model
+        initialize_layerwise_reload(model)
+        model.load_weights(prepared.tensors.items())
+        finalize_layerwise_reload(model, self._runner.vllm_config.speculative_config.draft_model_config)
+        with self._lock:
+            self.serving, self._prepared = version, None
+        log.info("draft %d (%s) swapped in, %.3f s", version, prepared.path, time.perf_counter() - started)
+
+    def meta(self) -> DraftWorkerMeta:
+        with self._lock:
+            prepared = self._prepared.version if self._prepared is not None else None
+            return DraftWorkerMeta(serving=self.serving, prepared=prepared, refused=dict(self._refused))
+
+    def _load(self, promoted: PromotedDraft) -> None:
+        try:
+            tensors = self._checked(Path(promoted.path))
+        except Exception as exc:  # noqa: BLE001 - any reason to refuse is reported, never raised into the engine
+            reason = exc.args[0] if isinstance(exc, DraftRefused) else f"does not load: {type(exc).__name__}: {exc}"
+            with self._lock:
+                self._refused[promoted.version] = reason
+            return
+        with self._lock:
+            self._prepared = _Prepared(promoted.version, promoted.path, tensors)
+
+    def _checked(self, path: Path) -> dict[str, torch.Tensor]:
+        """The checkpoint's tensors to load, or :class:`DraftRefused` naming why not."""
+        config = _read_config(path)
+        for key in CONFIG_KEYS:
+            if config.get(key) != self._served_config.get(key):
+                raise DraftRefused(f"config.json's {key} is {config.get(key)!r}, the served draft's "
+                                   f"{self._served_config.get(key)!r}")
+        layer, served_layer = config.get("transformer_layer_config") or {}, self._served_config[
+            "transformer_layer_config"]
+        for key in LAYER_KEYS:
+            if layer.get(key) != served_layer.get(key):
+                raise DraftRefused(f"transformer_layer_config's {key} is {layer.get(key)!r}, the served draft's "
+                                   f"{served_layer.get(key)!r}")
+        tensors = _load_tensors(path)
+        shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+        if shapes != self._served_shapes:
+            missing, extra = sorted(set(self._served_shapes) - set(shapes)), sorted(set(shapes) - set(self._served_shapes))
+            changed = sorted(n for n in set(shapes) & set(self._served_shapes) if shapes[n] != self._served_shapes[n])
+            raise DraftRefused(f"its tensors are not the served draft's: missing {missing[:4]}, extra {extra[:4]}, "
+                               f"other shapes {[(n, shapes[n], self._served_shapes[n]) for n in changed[:4]]}")
+        for name, tensor in tensors.items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise DraftRefused(f"{name} holds NaN or inf")
+        return self._unshared(tensors)
+
+    def _unshared(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Without the tensors vLLM shares between the draft and the verifier (an
+        embedding or lm_head identical at the start): loading those would change
+        the verifier. Each must be unchanged, else the checkpoint is refused."""
+        draft, target = self._runner.drafter.model, self._runner.get_model()
+        target_params = {id(p) for p in target.parameters()}
+        shared = {name: p for name, p in draft.named_parameters() if id(p) in target_params}
+        kept = {}
+        for name, tensor in tensors.items():
+            live = shared.get(name if name.startswith("lm_head") else f"model.{name}")
+            if live is None:
+                kept[name] = tensor
+            elif not torch.equal(live.detach()[: tensor.shape[0]].cpu().to(tensor.dtype), tensor):  # vocab padding
+                raise DraftRefused(f"{name} differs from the verifier's, which the served draft shares with it; "
+                                   "restart the server to serve this draft")
+        return kept
+
+
+class DraftRefused(Exception):
+    """A checkpoint the server will not swap in; the message says why."""
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except FileNotFoundError:
+        raise DraftRefused(f"{path} has no config.json") from None
+    except (OSError, ValueError) as exc:
+        raise DraftRefused(f"{path}/config.json does not read as JSON: {exc}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("transformer_layer_config"), dict):
+        raise DraftRefused(f"{path}/config.json is not a speculators draft's (no transformer_layer_config)")
+    return config
+
+
+def _weight_files(path: Path) -> list[Path]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise DraftRefused(f"{path} has no *.safetensors weights")
+    return files
+
+
+def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes from the headers alone."""
+    shapes = {}
+    for file in _weight_files(path):
+        with safe_open(file, "pt") as tensors:
+            for name in tensors.keys():  # noqa: SIM118 (safe_open has keys(), no __iter__)
+                shapes[name] = tuple(tensors.get_slice(name).get_shape())
+    return shapes
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for file in _weight_files(path):
+        with safe_open(file, "pt") as opened:
+            for name in opened.keys():  # noqa: SIM118
+                tensors[name] = opened.get_tensor(name)
+    return tensors
