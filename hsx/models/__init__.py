@@ -43,6 +43,7 @@ from hsx.models.smollm2 import SMOLLM2_PACKAGE, ModelSourceMissingError, smollm2
 __all__ = [
     "CACHE_DIR_ENV",
     "MARKER_FILE",
+    "DRAFT_NAMES",
     "MODEL_NAMES",
     "SMOLLM2_PACKAGE",
     "ModelPrepareError",
@@ -54,7 +55,10 @@ __all__ = [
     "smollm2_gguf_path",
 ]
 
-MODEL_NAMES = ("tiny-llama", "smollm2-135m-instruct", "tiny-qwen3", "tiny-qwen2.5-vl", "tiny-llama-eagle3")
+MODEL_NAMES = ("tiny-llama", "smollm2-135m-instruct", "tiny-qwen3", "tiny-qwen2.5-vl")
+"""The models: each loads with transformers and vLLM on its own."""
+DRAFT_NAMES = ("tiny-llama-eagle3",)
+"""Draft checkpoints (speculators' format) for one of the models, served beside it."""
 
 # The tests swap in fake recipes through these two names.
 _Recipe = Recipe
@@ -63,13 +67,13 @@ _RECIPES: dict[str, Recipe] = {
     for recipe in (tiny_llama.RECIPE, smollm2.RECIPE, tiny_qwen3.RECIPE, tiny_qwen2_5_vl.RECIPE,
                    tiny_llama_eagle3.RECIPE)
 }
-assert tuple(_RECIPES) == MODEL_NAMES
+assert tuple(_RECIPES) == MODEL_NAMES + DRAFT_NAMES
 
 
 def model_dir(name: str, cache_dir: Path | None = None) -> Path:
     """Return where model ``name`` lives (``<cache>/models/<name>``) without building it.
 
-    Raises ``ValueError`` for a name not in ``MODEL_NAMES``.
+    Raises ``ValueError`` for a name not in ``MODEL_NAMES`` or ``DRAFT_NAMES``.
     """
     _recipe(name)  # validates the name: it becomes a path component
     return models_root(cache_dir) / name
@@ -80,7 +84,7 @@ def is_prepared(name: str, cache_dir: Path | None = None) -> bool:
     return is_complete(model_dir(name, cache_dir), _recipe(name))
 
 
-def prepare(cache_dir: Path | None = None, names: Iterable[str] = MODEL_NAMES) -> dict[str, Path]:
+def prepare(cache_dir: Path | None = None, names: Iterable[str] = MODEL_NAMES + DRAFT_NAMES) -> dict[str, Path]:
     """Build the named models that are missing or outdated and return ``{name: directory}``.
 
     Complete directories are returned immediately, without importing torch or
@@ -101,4 +105,4 @@ def _recipe(name: str) -> Recipe:
     try:
         return _RECIPES[name]
     except KeyError:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODEL_NAMES)}") from None
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(_RECIPES)}") from None
