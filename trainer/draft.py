@@ -118,6 +118,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loss-mask", choices=["all", "none"], default="all",
                         help="loss mask of samples stored without one (plain text): all = every token, "
                              "none = no token (such samples are skipped); default all")
+    parser.add_argument("--init-from", type=Path, metavar="DRAFT",
+                        help="warm-start from this EAGLE-3 checkpoint (its weights, vocabulary mapping and config: "
+                             "e.g. the draft a server serves), so each checkpoint is a drop-in for it; speculators' "
+                             "--from-pretrained (default: a new draft)")
     parser.add_argument("--draft-vocab-size", type=integer(1), metavar="N",
                         help="the draft's vocabulary: the N tokens most frequent in the first --vocab-samples "
                              "samples (default: the verifier's full vocabulary)")
@@ -157,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     resumed = last_checkpoint(save)
     if resumed is not None:
         check_resumed(save, resumed, topics.ready, args.group, args.draft_vocab_size or int(config["vocab_size"]))
-    count_vocab = args.draft_vocab_size is not None and not (save / TOKEN_FREQ).exists()
+    count_vocab = args.draft_vocab_size is not None and args.init_from is None and not (save / TOKEN_FREQ).exists()
     shards = ShardHandles(open_storage(args.dataset, create=True))  # the sink may not have made it yet
     wanted = args.vocab_samples if count_vocab else 1
     log.info("waiting for the first %d sample(s) of %s (%s)", wanted, topics.ready,
@@ -201,7 +205,9 @@ def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafk
                                                      else CPU_DEFAULTS["--draft-attn-impl"]),
         "loss_implementation": args.loss_implementation or ("fused" if accelerated
                                                              else CPU_DEFAULTS["--loss-implementation"]),
-        "epochs": epochs, "checkpoint_freq": 1, "max_steps": args.steps})
+        "epochs": epochs, "checkpoint_freq": 1, "max_steps": args.steps,
+        # --init-from: the draft's own config, weights and vocabulary mapping (its d2t and t2d tensors).
+        **({"from_pretrained": str(args.init_from.resolve()), "draft_vocab_size": None} if args.init_from else {})})
     spec = argparse.Namespace(**cfg.flatten())
     set_seed(spec.seed)
     cfg.save(save)

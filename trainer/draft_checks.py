@@ -46,12 +46,46 @@ def check_command_line(args: argparse.Namespace) -> dict[str, Any]:
     if args.layers is not None and max(args.layers) >= layers:
         raise UsageError(f"--layers {','.join(map(str, args.layers))}: the verifier has {layers} layers, so aux "
                          f"layer ids are 0..{layers - 1}")
+    if args.init_from is not None:
+        check_init_from(args, config)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UsageError("runs as one process (one GPU or the CPU); torchrun is not supported yet")
     if importlib.util.find_spec("speculators") is None:
         raise UsageError("needs speculators beside hsx (speculators==0.9.0, with hsx installed in its "
                          "environment: `make speculators`, then .venv-speculators/bin/hsx train-draft)")
     return config
+
+
+def check_init_from(args: argparse.Namespace, verifier: dict[str, Any]) -> None:
+    """``--init-from``: an EAGLE-3 checkpoint for this verifier, whose vocabulary
+    and aux layers the run keeps (``--draft-vocab-size`` and other ``--layers``
+    would make checkpoints the serving draft's server cannot swap in). Sets
+    ``args.layers`` and ``args.draft_vocab_size`` to the draft's."""
+    flag = f"--init-from {args.init_from}"
+    try:
+        draft = json.loads((Path(args.init_from) / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{flag}: no readable config.json ({exc}): a checkpoint speculators or hsx train-draft "
+                         "saved") from None
+    if not isinstance(draft, dict) or draft.get("speculators_model_type") != "eagle3":
+        raise UsageError(f"{flag}: not an EAGLE-3 checkpoint (speculators_model_type "
+                         f"{draft.get('speculators_model_type') if isinstance(draft, dict) else None!r})")
+    if not any(Path(args.init_from).glob("*.safetensors")):
+        raise UsageError(f"{flag}: no *.safetensors weights beside config.json")
+    layer = draft.get("transformer_layer_config") or {}
+    if layer.get("vocab_size") != verifier["vocab_size"]:
+        raise UsageError(f"{flag}: a draft for a vocabulary of {layer.get('vocab_size')} tokens, the verifier has "
+                         f"{verifier['vocab_size']}")
+    aux = draft.get("eagle_aux_hidden_state_layer_ids")
+    if not isinstance(aux, list) or not aux:
+        raise UsageError(f"{flag}: its config names no eagle_aux_hidden_state_layer_ids")
+    if args.layers is not None and list(args.layers) != aux:
+        raise UsageError(f"{flag} reads aux layers {aux}: drop --layers (or give {','.join(map(str, aux))})")
+    if args.draft_vocab_size is not None:
+        raise UsageError(f"{flag} keeps the draft's vocabulary ({draft.get('draft_vocab_size')} tokens and its "
+                         "mapping): drop --draft-vocab-size")
+    args.layers = aux
+    args.draft_vocab_size = draft.get("draft_vocab_size") or layer["vocab_size"]
 
 
 def check_layout(first: HiddenStatesReady, args: argparse.Namespace, config: dict[str, Any]) -> LayerLayout:

@@ -163,8 +163,8 @@ class DraftSwapper:
 
     def __init__(self, served: str, runner: Any) -> None:
         self._runner = runner
-        self._served_config = _read_config(Path(served))
-        self._served_shapes = _shapes(Path(served))
+        self._served_config = read_config(Path(served))
+        self._served_shapes = tensor_shapes(Path(served))
         self.serving = 0
         self._prepared: _Prepared | None = None
         self._refused: dict[int, str] = {}
@@ -216,28 +216,7 @@ class DraftSwapper:
 
     def _checked(self, path: Path) -> dict[str, torch.Tensor]:
         """The checkpoint's tensors to load, or :class:`DraftRefused` naming why not."""
-        config = _read_config(path)
-        for key in CONFIG_KEYS:
-            if config.get(key) != self._served_config.get(key):
-                raise DraftRefused(f"config.json's {key} is {config.get(key)!r}, the served draft's "
-                                   f"{self._served_config.get(key)!r}")
-        layer, served_layer = config.get("transformer_layer_config") or {}, self._served_config[
-            "transformer_layer_config"]
-        for key in LAYER_KEYS:
-            if layer.get(key) != served_layer.get(key):
-                raise DraftRefused(f"transformer_layer_config's {key} is {layer.get(key)!r}, the served draft's "
-                                   f"{served_layer.get(key)!r}")
-        tensors = _load_tensors(path)
-        shapes = {name: tuple(t.shape) for name, t in tensors.items()}
-        if shapes != self._served_shapes:
-            missing, extra = sorted(set(self._served_shapes) - set(shapes)), sorted(set(shapes) - set(self._served_shapes))
-            changed = sorted(n for n in set(shapes) & set(self._served_shapes) if shapes[n] != self._served_shapes[n])
-            raise DraftRefused(f"its tensors are not the served draft's: missing {missing[:4]}, extra {extra[:4]}, "
-                               f"other shapes {[(n, shapes[n], self._served_shapes[n]) for n in changed[:4]]}")
-        for name, tensor in tensors.items():
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                raise DraftRefused(f"{name} holds NaN or inf")
-        return self._unshared(tensors)
+        return self._unshared(checked_tensors(path, self._served_config, self._served_shapes))
 
     def _unshared(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Without the tensors vLLM shares between the draft and the verifier (an
@@ -261,7 +240,36 @@ class DraftRefused(Exception):
     """A checkpoint the server will not swap in; the message says why."""
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def checked_tensors(path: Path, served_config: dict[str, Any],
+                    served_shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """The tensors of the checkpoint at ``path`` when it is a drop-in for the
+    draft whose ``config.json`` and tensor shapes are given (the same layers,
+    vocabulary and sizes, the same tensors and shapes, all finite); else
+    :class:`DraftRefused` naming the first difference."""
+    config = read_config(path)
+    for key in CONFIG_KEYS:
+        if config.get(key) != served_config.get(key):
+            raise DraftRefused(f"config.json's {key} is {config.get(key)!r}, the served draft's "
+                               f"{served_config.get(key)!r}")
+    layer, served_layer = config["transformer_layer_config"], served_config["transformer_layer_config"]
+    for key in LAYER_KEYS:
+        if layer.get(key) != served_layer.get(key):
+            raise DraftRefused(f"transformer_layer_config's {key} is {layer.get(key)!r}, the served draft's "
+                               f"{served_layer.get(key)!r}")
+    tensors = _load_tensors(path)
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    if shapes != served_shapes:
+        missing, extra = sorted(set(served_shapes) - set(shapes)), sorted(set(shapes) - set(served_shapes))
+        changed = sorted(n for n in set(shapes) & set(served_shapes) if shapes[n] != served_shapes[n])
+        raise DraftRefused(f"its tensors are not the served draft's: missing {missing[:4]}, extra {extra[:4]}, "
+                           f"other shapes {[(n, shapes[n], served_shapes[n]) for n in changed[:4]]}")
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise DraftRefused(f"{name} holds NaN or inf")
+    return tensors
+
+
+def read_config(path: Path) -> dict[str, Any]:
     try:
         config = json.loads((path / "config.json").read_text())
     except FileNotFoundError:
@@ -280,7 +288,7 @@ def _weight_files(path: Path) -> list[Path]:
     return files
 
 
-def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
+def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Tensor names and shapes from the headers alone."""
     shapes = {}
     for file in _weight_files(path):

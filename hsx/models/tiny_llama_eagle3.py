@@ -26,7 +26,7 @@ from pathlib import Path
 from hsx.models import tiny_llama
 from hsx.models.cache import Recipe, ensure
 
-TINY_LLAMA_EAGLE3_RECIPE = "tiny-llama-eagle3/3"
+TINY_LLAMA_EAGLE3_RECIPE = "tiny-llama-eagle3/4"
 AUX_LAYERS = [1, 2, 3]
 """The verifier layers the draft reads; ``fc`` uses the last (the input of tiny-llama's last decoder layer)."""
 
@@ -91,7 +91,8 @@ def build_tiny_llama_eagle3(dest: Path) -> None:
             "algorithm": "eagle3", "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3, "accept_tolerance": 0.0,
                                   "verifier_accept_k": 1}],
-            "verifier": {"architectures": config["architectures"], "name_or_path": tiny_llama.RECIPE.name},
+            # As speculators writes it: where the verifier is (its trainer reads the verifier's config there).
+            "verifier": {"architectures": config["architectures"], "name_or_path": str(verifier.resolve())},
         },
     }
     (dest / "config.json").write_text(json.dumps(draft_config, indent=2) + "\n", encoding="utf-8")

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from hsx import cli, models
@@ -75,13 +76,14 @@ def publish_ready(kafka: KafkaSettings, events: list[HiddenStatesReady]) -> str:
 
 
 def train_draft(hsx: Path, kafka: KafkaSettings, topic: str, group: str, dataset: Path, tiny: Path, save: Path,
-           *extra: str) -> tuple[list[dict[str, Any]], str]:
+                *extra: str, vocab: int | None = VOCAB) -> tuple[list[dict[str, Any]], str]:
     """Run ``hsx train-draft``; its step lines (``--log-format json``) and its summary line."""
     argv = [str(hsx), "--log-format", "json", "train-draft", "--bootstrap", kafka.bootstrap,
             "--ready-topic", topic, "--group", group, "--dataset", str(dataset), "--model", str(tiny),
             "--save-path", str(save), "--checkpoint-every", "3", "--total-seq-len", "96", "--exit-when-idle", "5",
-            "--hidden-states-dtype", "float32", "--num-workers", "1", "--draft-vocab-size", str(VOCAB),
-            "--vocab-samples", str(SAMPLES), "--lr", "3e-3", *extra]
+            "--hidden-states-dtype", "float32", "--num-workers", "1", "--lr", "3e-3", *extra]
+    if vocab is not None:
+        argv += ["--draft-vocab-size", str(vocab), "--vocab-samples", str(SAMPLES)]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     steps = [line for line in map(_json, run.stderr.splitlines()) if line and "loss" in line]
@@ -162,11 +164,41 @@ def test_trains_speculators_draft_online_commits_what_it_trained_and_resumes(
     assert json.loads((save / "2" / "training_state.json").read_text())["global_step"] == 9
 
 
+def test_a_draft_warm_started_from_a_served_one_stays_a_drop_in_for_it(
+        tmp_path: Path, kafka: KafkaSettings, tiny: Path, speculators_hsx: Path, cache_dir: Path) -> None:
+    """``--init-from`` the draft a server serves (``hsx serve --draft``): the
+    checkpoints keep its config, vocabulary and tensors (the checks a server
+    runs before it swaps a draft in pass), and start from its weights."""
+    from hsx.extractor.connector.draft_swap import DraftRefused, checked_tensors, read_config, tensor_shapes
+
+    served = models.prepare(cache_dir, names=["tiny-llama-eagle3"])["tiny-llama-eagle3"]
+    config = json.loads((tiny / "config.json").read_text())
+    events = write_training_dataset(tmp_path / "ds", TrainingDataSpec(
+        samples=SAMPLES, min_tokens=16, max_tokens=30, layer_ids=(1, 2, 3, config["num_hidden_layers"]),
+        hidden_size=config["hidden_size"], vocab=config["vocab_size"], model=str(tiny)), partitions=1)
+    topic = publish_ready(kafka, events)
+    save = tmp_path / "draft"
+    steps, summary = train_draft(speculators_hsx, kafka, topic, f"draft-{uuid.uuid4().hex}", tmp_path / "ds", tiny,
+                                 save, "--steps", "3", "--init-from", str(served), vocab=None)
+    assert [s["step"] for s in steps] == [1, 2, 3], summary
+    checkpoint = save / "0"
+    tensors = checked_tensors(checkpoint, read_config(served), tensor_shapes(served))  # DraftRefused if not
+    initial = load_file(served / "model.safetensors")
+    assert set(tensors) == set(initial)
+    moved = {n: float((tensors[n] - initial[n]).abs().max() / initial[n].abs().max()) for n in initial
+             if initial[n].abs().max() > 0}
+    assert 0 < moved["fc.weight"] < 0.5, moved  # trained, from the served draft's weights, not new ones
+    with pytest.raises(DraftRefused, match="eagle_aux_hidden_state_layer_ids"):  # what a server would refuse
+        checked_tensors(checkpoint, {**read_config(served), "eagle_aux_hidden_state_layer_ids": [1, 2]},
+                        tensor_shapes(served))
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--draft-vocab-size", "5000"], "--draft-vocab-size 5000: more than the verifier's vocabulary (1000)"),
     (["--layers", "1,7"], "--layers 1,7: the verifier has 4 layers, so aux layer ids are 0..3"),
     ([], "needs speculators beside hsx"),  # hsx's own environment (vLLM), where this test runs, lacks it
     (["--dataset", "/nonexistent/ds"], "--dataset /nonexistent/ds: no such directory, nor its parent"),
+    (["--init-from", "/nonexistent/draft"], "--init-from /nonexistent/draft: no readable config.json"),
 ])
 def test_bad_input_is_one_line_before_anything_starts(tmp_path: Path, tiny: Path, restore_root_logging: None,
                                                       capsys: pytest.CaptureFixture[str], flags: list[str],
