@@ -20,6 +20,7 @@ from hsx.runtime.recent import RecentKeys
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady, format_validation_error
 from hsx.schemas.training import LossMaskPolicy
+from hsx.trainer.holdout import held_out
 from hsx.trainer.offsets import Position, Progress
 from hsx.trainer.samples import LayerLayout, TrainingSample, check_trainable, choose_layers, loss_mask, read_sample
 
@@ -40,6 +41,8 @@ class ConsumeOptions:
     until_end: bool = False
     """Stop once every partition is caught up with its end as the last fetch saw
     it: one pass over what is published (tests, benchmarks, a bounded epoch)."""
+    holdout: float = 0.0
+    """The share of sample ids kept out of training (:mod:`hsx.trainer.holdout`): skipped, their offsets consumed."""
     poll_timeout: float = 0.5
 
 
@@ -165,6 +168,8 @@ def _loop(consumer: Consumer, opts: ConsumeOptions, shards: ShardHandles, starts
             continue
         event = ready_event(message)
         if not seen.add(event.event_id):  # the sink re-announced a sample (a replay): train on it once
+            continue
+        if held_out(event.request_id, opts.holdout):  # the gate's, to judge drafts on
             continue
         check_trainable(event)
         layout = layout or choose_layers(event.layer_ids, opts.layers)

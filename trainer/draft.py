@@ -49,6 +49,14 @@ What is hsx's:
   written, the offsets committed, exit 0 (a second signal stops at once).
   speculators' own handler instead saves ``interrupted/``, which it never resumes.
 
+**Warm start and the gate** (the learning loop with ``hsx serve --draft D
+--drafts DIR``): ``--init-from D`` starts from the served draft (its weights,
+vocabulary mapping and config: speculators' ``--from-pretrained``), so every
+checkpoint is a drop-in for that server; ``--promote-to DIR`` keeps a share of
+the samples out of training (``--holdout``) and judges each checkpoint on the
+most recent of them against the draft promoted in ``DIR`` (:mod:`hsx.trainer.gate`),
+promoting it there when better by ``--margin``.
+
 **Without an accelerator** (CPU), speculators' Trainer is adapted in the three
 places that assume one, and nowhere else (:mod:`hsx.trainer.speculators_cpu`,
 which ``speculators train`` on an export uses too). The defaults then take
@@ -78,6 +86,7 @@ from hsx.runtime.settings import KafkaSettings, TopicSettings, overrides
 from hsx.trainer.draft_checks import (Resumed, check_command_line, check_layout, check_resumed, check_resumed_layers,
                                       last_checkpoint)
 from hsx.trainer.first_samples import first_samples
+from hsx.trainer.gate import Gate
 from hsx.trainer.online import ReadyStream
 from hsx.trainer.online_trainer import StepLog, online_trainer_class
 from hsx.trainer.samples import LayerLayout, layer_list
@@ -122,6 +131,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="warm-start from this EAGLE-3 checkpoint (its weights, vocabulary mapping and config: "
                              "e.g. the draft a server serves), so each checkpoint is a drop-in for it; speculators' "
                              "--from-pretrained (default: a new draft)")
+    gate = parser.add_argument_group("the gate (with --init-from: judge each checkpoint against the served draft)")
+    gate.add_argument("--promote-to", type=Path, metavar="DIR",
+                      help="the drafts directory servers follow (hsx serve --drafts DIR): each checkpoint is scored "
+                           "against the draft promoted there (else --init-from) on held-out served samples and "
+                           "promoted when better by --margin; decisions in DIR/decisions.jsonl")
+    gate.add_argument("--holdout", type=number(0), default=0.1, metavar="SHARE",
+                      help="with --promote-to: the share of sample ids kept out of training for the gate "
+                           "(by hash; default %(default)s)")
+    gate.add_argument("--gate-samples", type=integer(1), default=64, metavar="N",
+                      help="the most recent held-out samples a checkpoint is scored on (default %(default)s)")
+    gate.add_argument("--margin", type=number(0), default=0.05,
+                      help="acceptance length a checkpoint must gain over the served draft (default %(default)s)")
     parser.add_argument("--draft-vocab-size", type=integer(1), metavar="N",
                         help="the draft's vocabulary: the N tokens most frequent in the first --vocab-samples "
                              "samples (default: the verifier's full vocabulary)")
@@ -229,9 +250,14 @@ def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafk
         save_best=spec.save_best, hidden_states_dtype=dtype, log_freq=spec.log_freq, fsdp_shard=spec.fsdp_shard,
         gradient_checkpointing=spec.gradient_checkpointing, max_steps=spec.max_steps)
 
+    holdout = args.holdout if args.promote_to is not None else 0.0
     stream = ReadyStream(kafka.bootstrap, args.dataset, args.group, topic=topic, layers=list(layout.aux),
                          loss_mask=args.loss_mask, shuffle_buffer=args.shuffle_buffer, seed=args.seed,
-                         idle_timeout=args.exit_when_idle, kafka=kafka)
+                         idle_timeout=args.exit_when_idle, holdout=holdout, kafka=kafka)
+    gate = None if args.promote_to is None else Gate(
+        args.promote_to, args.init_from, args.dataset, args.model, share=holdout, samples=args.gate_samples,
+        margin=args.margin, layers=list(layout.aux), total_seq_len=args.total_seq_len, dtype=dtype,
+        ttt_steps=spec.ttt_steps, attn_impl=spec.draft_attn_impl)
     loader = torch.utils.data.DataLoader(
         PackedSamples(stream, args.total_seq_len), batch_size=None, num_workers=args.num_workers,
         collate_fn=SpeculatorsBatch(args.total_seq_len, hidden_size, len(layout.aux), dtype),
@@ -244,7 +270,8 @@ def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafk
     metrics.addHandler(steps_log)
     metrics.propagate = False  # its dicts become StepLog's lines, not dict reprs in the log
     with on_cpu():
-        trainer = online_trainer_class()(model, trainer_config, epochs_view, stream)
+        trainer = online_trainer_class()(model, trainer_config, epochs_view, stream,
+                                         gate.judge if gate is not None else None)
         if resumed is not None and resumed.stream is not None:
             stream.load_state_dict(resumed.stream)
         before = trainer.global_step

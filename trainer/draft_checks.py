@@ -48,6 +48,13 @@ def check_command_line(args: argparse.Namespace) -> dict[str, Any]:
                          f"layer ids are 0..{layers - 1}")
     if args.init_from is not None:
         check_init_from(args, config)
+    if args.promote_to is not None:
+        if args.init_from is None:
+            raise UsageError("--promote-to judges checkpoints against the draft servers serve: give --init-from "
+                             "that draft, so each checkpoint is a drop-in for it")
+        if not 0 < args.holdout < 1:
+            raise UsageError(f"--holdout {args.holdout}: a share between 0 and 1 (exclusive) of samples to judge on")
+        writable_dir("--promote-to", args.promote_to)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UsageError("runs as one process (one GPU or the CPU); torchrun is not supported yet")
     if importlib.util.find_spec("speculators") is None:

@@ -77,14 +77,15 @@ class ReadyStream(torch.utils.data.IterableDataset[TrainingSample]):
     ``WORLD_SIZE``. An epoch ends after ``idle_timeout`` seconds without a
     record, or with ``until_end`` once it has caught up with every partition's
     end; else it follows the topic forever. ``layers``, ``loss_mask``: as
-    :class:`hsx.trainer.dataset.HsxDataset`.
+    :class:`hsx.trainer.dataset.HsxDataset`. ``holdout``: the share of sample
+    ids never yielded (:mod:`hsx.trainer.holdout`), kept for judging drafts.
     """
 
     def __init__(self, bootstrap: str, dataset: str | Path, group_id: str, *, topic: str = READY,
                  layers: list[int] | None = None, loss_mask: LossMaskPolicy = "all", shuffle_buffer: int = 0,
                  seed: int = 0, rank: int | None = None, world_size: int | None = None,
                  idle_timeout: float | None = None, until_end: bool = False, dedupe_window: int = 100_000,
-                 kafka: KafkaSettings | None = None) -> None:
+                 holdout: float = 0.0, kafka: KafkaSettings | None = None) -> None:
         if not group_id:
             raise ValueError("group_id: give each training job a consumer group of its own")
         if shuffle_buffer < 0 or dedupe_window < 0:
@@ -97,7 +98,8 @@ class ReadyStream(torch.utils.data.IterableDataset[TrainingSample]):
         settings = (kafka or KafkaSettings()).model_copy(update={"bootstrap": bootstrap})
         self.options = ConsumeOptions(kafka=settings, topic=topic, group_id=group_id, layers=layers,
                                       policy=loss_mask, shuffle_buffer=shuffle_buffer, seed=seed,
-                                      idle_timeout=idle_timeout, dedupe_window=dedupe_window, until_end=until_end)
+                                      idle_timeout=idle_timeout, dedupe_window=dedupe_window, until_end=until_end,
+                                      holdout=holdout)
         self._shards = ShardHandles(open_storage(dataset))
         self._progress = Progress()
         self._committer: Consumer | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,12 @@ def online_trainer_class() -> type:
         """speculators' Trainer over :class:`StreamEpochs`: every epoch ends in a
         checkpoint and a commit of the samples it holds."""
 
-        def __init__(self, model: Any, config: Any, epochs: StreamEpochs, stream: ReadyStream) -> None:
+        def __init__(self, model: Any, config: Any, epochs: StreamEpochs, stream: ReadyStream,
+                     on_checkpoint: Callable[[Path], object] | None = None) -> None:
             self.epochs = epochs
             self.stream = stream
+            self.on_checkpoint = on_checkpoint
+            """Called with each checkpoint once committed (the gate: :mod:`hsx.trainer.gate`)."""
             self.saved: Path | None = None
             """The last checkpoint this run wrote."""
             super().__init__(model, config, epochs, None)
@@ -43,6 +47,8 @@ def online_trainer_class() -> type:
                     self.maybe_save_checkpoint(epoch)
                     self.saved = self.checkpointer.path / str(epoch)
                     self._commit(self.saved)
+                    if self.on_checkpoint is not None:
+                        self.on_checkpoint(self.saved)
                 if self.epochs.ended or self.global_step >= self.config.max_steps:
                     break
 

@@ -20,8 +20,10 @@ own answer; the swaps show in vLLM's acceptance counts, in each response's
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -42,13 +44,15 @@ from hsx.local.scrape import metric, metric_sum
 from hsx.local.spawn import HsxService
 from hsx.models.tiny_llama_eagle3 import AUX_LAYERS
 from hsx.reference import HFReference, max_relative_error
-from hsx.schemas.drafts import PROMOTED_FILE, PromotedDraft
+from hsx.runtime.draft_files import publish_promoted, read_promoted
+from hsx.schemas.drafts import PromotedDraft
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
 CAPTURED = [*AUX_LAYERS, 4]  # the draft's aux layers, then tiny-llama's last (4 = num_hidden_layers, pre-norm)
 K = 3
 TOLERANCE = 1e-4
+SPECULATORS_PYTHON = Path(__file__).resolve().parents[2] / ".venv-speculators" / "bin" / "python"
 
 
 @dataclass
@@ -143,10 +147,7 @@ def _variant(draft: Path, to: Path, change: Any) -> Path:
 
 def _promote(drafts: Path, version: int, path: Path) -> None:
     """What a gate does: the pointer replaced atomically."""
-    drafts.mkdir(exist_ok=True)
-    staged = drafts / f".{PROMOTED_FILE}.tmp"
-    staged.write_text(PromotedDraft(version=version, path=str(path)).model_dump_json())
-    staged.replace(drafts / PROMOTED_FILE)
+    publish_promoted(drafts, PromotedDraft(version=version, path=str(path)))
 
 
 def test_promoted_drafts_are_swapped_in_under_load_and_bad_ones_refused(served: Served, tmp_path: Path) -> None:
@@ -174,10 +175,14 @@ def test_promoted_drafts_are_swapped_in_under_load_and_bad_ones_refused(served: 
     failed: list[str] = []
     stop = threading.Event()
 
+    per_client: list[list[int]] = [[] for _ in prompts]
+
     def client(n: int) -> None:
         while not stop.is_set():
             try:
-                answered.append(served.complete(prompts[n], max_tokens=16))
+                response = served.complete(prompts[n], max_tokens=16)
+                answered.append(response)
+                per_client[n].append(response["kv_transfer_params"]["draft_version"])
             except (AssertionError, httpx.HTTPError) as exc:
                 failed.append(f"{type(exc).__name__}: {exc}")
                 return
@@ -228,7 +233,8 @@ def test_promoted_drafts_are_swapped_in_under_load_and_bad_ones_refused(served: 
         assert re.search(rf"draft {version} \({re.escape(str(path))}\) refused.*{reason}", log), (reason, log[-3000:])
     versions = [a["kv_transfer_params"]["draft_version"] for a in answered]
     assert set(versions) == {0, 1, 6}  # never a refused one
-    assert versions.index(6) > max(i for i, v in enumerate(versions) if v == 1)  # in order, per client too
+    for seen in per_client:  # each client's answers in order: a version once left never comes back
+        assert seen == sorted(seen, key=[0, 1, 6].index), seen
     reference = HFReference(served.model)
     for prompt in prompts:  # the verifier's own answers throughout, whatever the draft
         expected = reference.greedy(prompt, 16)
@@ -267,3 +273,88 @@ def _refused(served: Served, version: int, timeout: float = 60) -> None:
     while not re.search(rf"draft {version} \(.*\) refused", served.service.logs()):
         assert time.monotonic() < deadline, f"draft {version} neither refused nor served"
         time.sleep(0.2)
+
+
+GATE = """
+import json, sys, torch
+from pathlib import Path
+from hsx.trainer.gate import Gate
+drafts, initial, dataset, verifier, *checkpoints = sys.argv[1:]
+gate = Gate(Path(drafts), Path(initial), dataset, Path(verifier), share=1.0, samples=48, margin=0.2,
+            layers=[1, 2, 3], total_seq_len=1024, dtype=torch.float32)
+for checkpoint in checkpoints:
+    d = gate.judge(Path(checkpoint))
+    print(json.dumps({"outcome": d.outcome, "reason": d.reason, "version": d.version,
+                      "candidate": d.candidate and d.candidate.acceptance_length,
+                      "served": d.served and d.served.acceptance_length}))
+"""
+
+
+def test_the_gate_promotes_a_better_draft_refuses_a_bad_one_and_the_server_takes_it_up(
+        served: Served, tmp_path: Path) -> None:
+    """The loop without its training: served samples (from the tests before),
+    the gate's teacher-forced score from them, the server's swap. The gate's
+    score orders the drafts as vLLM's counts do."""
+    base = read_promoted(served.drafts)
+    version = base.version + 1 if base is not None else 1
+    weak = _variant(served.draft, tmp_path / "weak", lambda t: t["fc.weight"].zero_())
+    _promote(served.drafts, version, weak)
+    _wait_serving(served, version)
+    measured = {"weak": _measured(served)}
+    better = _variant(served.draft, tmp_path / "better", None)
+    broken = _variant(served.draft, tmp_path / "broken", lambda t: t["fc.weight"].fill_(float("inf")))
+    run = subprocess.run([str(SPECULATORS_PYTHON), "-c", GATE, str(served.drafts), str(served.draft),
+                          str(served.dataset), str(served.model), str(broken), str(better)],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    refused, promoted = (json.loads(line) for line in run.stdout.strip().splitlines()[-2:])
+    assert refused["outcome"] == "refused" and "NaN or inf" in refused["reason"], refused
+    assert promoted["outcome"] == "promoted" and promoted["version"] == version + 1, promoted
+    assert promoted["candidate"] > promoted["served"] + 0.2, promoted  # scored on the served samples
+    assert read_promoted(served.drafts).path == str(better)  # type: ignore[union-attr]
+    _wait_serving(served, version + 1)
+    measured["better"] = _measured(served)
+    assert measured["better"] > measured["weak"] + 0.2, measured  # vLLM's counts order them as the gate did
+
+
+def _wait_serving(served: Served, version: int, timeout: float = 60) -> None:
+    """Requests until ``version`` serves them: an idle engine runs no step, so it
+    takes a promoted draft up with the next traffic."""
+    deadline = time.monotonic() + timeout
+    while metric(served.health_port, "hsx_serve_draft_version") != version:
+        assert time.monotonic() < deadline, f"draft {version} never served"
+        served.complete([5, 17, 300], max_tokens=4)
+
+
+def _measured(served: Served) -> float:
+    """vLLM's mean acceptance length over a burst of eight greedy requests."""
+    window = _Window(served)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(served.complete, [[5, 17, 300, 41, 100 + n] for n in range(8)]))
+    return window.acceptance()
+
+
+def test_train_draft_warm_starts_from_the_served_draft_and_judges_each_checkpoint(served: Served,
+                                                                                 tmp_path: Path) -> None:
+    """``hsx train-draft --init-from --promote-to`` on the served traffic's ready
+    events: half the samples kept out by hash, each checkpoint judged on them
+    against the draft the server serves, the decision recorded with both scores."""
+    from hsx.trainer.gate import decisions
+
+    announced = re.search(r"samples announced on (\S+) at (\S+);", served.service.logs())
+    assert announced is not None
+    before = len(decisions(served.drafts))
+    run = subprocess.run([
+        str(SPECULATORS_PYTHON.with_name("hsx")), "train-draft", "--bootstrap", announced.group(2),
+        "--ready-topic", announced.group(1), "--group", f"loop-{tmp_path.name}", "--dataset", str(served.dataset),
+        "--model", str(served.model), "--save-path", str(tmp_path / "trained"), "--init-from", str(served.draft),
+        "--promote-to", str(served.drafts), "--holdout", "0.5", "--gate-samples", "16", "--steps", "2",
+        "--checkpoint-every", "2", "--total-seq-len", "256", "--hidden-states-dtype", "float32",
+        "--num-workers", "0", "--exit-when-idle", "5", "--lr", "1e-4"],
+        capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (decision,) = decisions(served.drafts)[before:]
+    assert decision["checkpoint"] == str(tmp_path / "trained" / "0")
+    assert decision["outcome"] in ("promoted", "kept"), decision
+    assert decision["candidate"]["positions"] == decision["served"]["positions"] > 0
+    assert 1 <= decision["candidate"]["acceptance_length"] <= 1 + K

@@ -169,7 +169,7 @@ def test_a_draft_warm_started_from_a_served_one_stays_a_drop_in_for_it(
     """``--init-from`` the draft a server serves (``hsx serve --draft``): the
     checkpoints keep its config, vocabulary and tensors (the checks a server
     runs before it swaps a draft in pass), and start from its weights."""
-    from hsx.extractor.connector.draft_swap import DraftRefused, checked_tensors, read_config, tensor_shapes
+    from hsx.runtime.draft_files import DraftRefused, checked_tensors, read_config, tensor_shapes
 
     served = models.prepare(cache_dir, names=["tiny-llama-eagle3"])["tiny-llama-eagle3"]
     config = json.loads((tiny / "config.json").read_text())
