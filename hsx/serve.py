@@ -44,10 +44,12 @@ from hsx.runtime.errors import ExitCode
 from hsx.runtime.health import HealthServer
 from hsx.schemas.connector import DRAFTS_KEY, EXTRA_CONFIG_KEY, REPORTS_KEY
 from hsx.schemas.dataset_codec import DatasetCodec
+from hsx import serve_learning
 from hsx.serve_pipeline import Drained, dataset_side
 from hsx.serve_plan import ServePlan, plan_from_args
 from hsx.serve_reports import ReportReceiver
 from hsx.summary import render
+from hsx.trainer.gate import decisions as gate_decisions
 
 SERVER = "vllm.entrypoints.openai.api_server"
 """vLLM's OpenAI server: the CPU wheel's ``vllm serve`` (whose CLI does not start there)."""
@@ -75,6 +77,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     drafts.add_argument("--drafts", metavar="DIR",
                         help="with --draft: follow DIR/promoted.json and swap each promoted draft in while serving, "
                              "with no restart (a checkpoint that does not fit is refused and the draft kept)")
+    learning = parser.add_argument_group("learning from the traffic (with --draft and --output)")
+    learning.add_argument("--learn", action="store_true",
+                          help="train the draft on the served samples as they come (hsx train-draft --init-from the "
+                               "served draft), judge each checkpoint on held-out samples and swap the better ones in")
+    learning.add_argument("--save-path", metavar="DIR",
+                          help="with --learn: checkpoints (DIR/trainer) and promoted drafts (DIR/drafts)")
+    learning.add_argument("--trainer-python", metavar="PATH",
+                          help="a Python with speculators and hsx (default: .venv-speculators/bin/python beside this "
+                               "environment, as `make speculators` builds it)")
+    learning.add_argument("--checkpoint-every", type=integer(1), default=50, metavar="N",
+                          help="training steps per checkpoint, each judged by the gate (default %(default)s)")
+    learning.add_argument("--margin", type=number(0), default=0.05,
+                          help="acceptance length a checkpoint must gain to be promoted (default %(default)s)")
     captures = parser.add_argument_group("where hidden states go (one or both)")
     captures.add_argument("--shared-storage-path", metavar="DIR",
                           help="a safetensors file per response, named in its kv_transfer_params.hidden_states_path "
@@ -171,9 +186,18 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
             print(f"hsx serve: serving {plan.model_name or plan.engine.model} at http://{plan.host}:{plan.port}/v1 "
                   f"(hsx metrics at http://{plan.host}:{health.port}/metrics){announced}; Ctrl-C to stop",
                   file=sys.stderr, flush=True)
+        learner = None
+        if ready and plan.learn is not None and pipeline is not None and plan.output is not None:
+            learner = serve_learning.trainer(plan.learn, str(plan.engine.draft), plan.engine.model, plan.output,
+                                             pipeline.kafka.bootstrap, pipeline.topics.ready, logs,
+                                             accelerated=_accelerated())
+            stack.callback(lambda: learner.exited() is None and learner.kill())
+            print(f"hsx serve: learning: {learner.log_path()}, drafts promoted to {plan.learn.drafts}",
+                  file=sys.stderr, flush=True)
         while not stop.is_set() and server.exited() is None:
             stop.wait(0.5)
-        failures = _stop_server(server, plan)
+        failures = serve_learning.stop_trainer(learner) if learner is not None else []
+        failures += _stop_server(server, plan)
         reports.close()
         drained = (pipeline.wait_announced(reports.samples.lost) if pipeline is not None
                    else Drained(unconfirmed=reports.samples.lost))
@@ -197,6 +221,12 @@ def _summarize(plan: ServePlan, reports: ReportReceiver, drained: Drained, failu
     ok = not failures and not lost
     print(f"hsx serve: {'stopped' if ok else 'stopped with LOST captures'}", file=sys.stderr)
     return ExitCode.OK if ok else ExitCode.FAILED
+
+
+def _accelerated() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _server(plan: ServePlan, extra: dict[str, Any], logs: Path) -> HsxService:
@@ -255,6 +285,10 @@ def _rows(plan: ServePlan, reports: ReportReceiver, drained: Drained, seconds: f
                   else f"0 ({plan.engine.draft})"),
                  ("drafts swapped in", f"{len(swapped):,}"),
                  ("drafts refused", f"{len(refused):,}" + (f": {refused[-1].reason}" if refused else ""))]
+    if plan.learn is not None:
+        judged = gate_decisions(plan.learn.drafts)
+        rows += [("checkpoints judged", ", ".join(f"{sum(d['outcome'] == o for d in judged):,} {o}"
+                                                  for o in ("promoted", "kept", "refused")))]
     if plan.output is not None:
         rows += [("samples announced", f"{drained.announced:,}"),
                  ("samples not announced", f"{len(drained.missing):,}"),

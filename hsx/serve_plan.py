@@ -16,6 +16,7 @@ from hsx.extractor.engine import EngineOptions
 from hsx.runtime.checks import model_dir, writable_dir
 from hsx.runtime.errors import UsageError
 from hsx.runtime.settings import from_args
+from hsx.serve_learning import LearnPlan, learn_plan
 from hsx.schemas.dataset_codec import DatasetCodec
 
 
@@ -42,6 +43,8 @@ class ServePlan:
     api_key: str | None
     drafts: str | None = None
     """The drafts directory whose promoted drafts the server swaps in (``--drafts``)."""
+    learn: LearnPlan | None = None
+    """``--learn``: a trainer beside the server, promoting to ``drafts`` (:mod:`hsx.serve_learning`)."""
 
     @property
     def sends(self) -> bool:
@@ -75,6 +78,16 @@ def plan_from_args(args: argparse.Namespace) -> ServePlan:
     config, layers = model_and_layers(args)
     if args.draft is not None:
         layers = draft_layers(args, config)
+    learn = None
+    if args.learn:
+        if args.draft is None or args.save_path is None or args.output is None:
+            raise UsageError("--learn trains the draft the server serves on the samples it captures: give --draft, "
+                             "--output (the dataset) and --save-path (checkpoints and promoted drafts)")
+        if args.drafts is not None:
+            raise UsageError("--learn promotes to SAVE_PATH/drafts, which the server follows: drop --drafts")
+        writable_dir("--save-path", Path(args.save_path))
+        learn = learn_plan(args.save_path, args.trainer_python, args.checkpoint_every, args.margin)
+        args.drafts = str(learn.drafts)
     if args.drafts is not None:
         if args.draft is None:
             raise UsageError("--drafts swaps promoted drafts in for the one a server starts with: give --draft too")
@@ -92,7 +105,7 @@ def plan_from_args(args: argparse.Namespace) -> ServePlan:
                      bootstrap=args.bootstrap, own_sink=not args.no_sink,
                      dataset_codec=DatasetCodec(args.dataset_codec), inline=args.inline,
                      model_name=args.model_name, api_key=args.api_key or os.environ.get("VLLM_API_KEY"),
-                     drafts=args.drafts)
+                     drafts=args.drafts, learn=learn)
 
 
 def draft_layers(args: argparse.Namespace, verifier: Any) -> list[int]:

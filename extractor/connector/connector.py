@@ -189,7 +189,9 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         is dropped and its blocks go back at once; 3. otherwise a
         :class:`SendJob` for the next step keeps its blocks until every output
         has its rows. The response names the file and the sample (or says why
-        there are none)."""
+        there are none). Serving with a draft, the answer is captured with the
+        prompt unless the request says ``include_output_tokens: false``: a
+        draft learns from the verifier's answers."""
         from vllm.v1.request import RequestStatus
 
         asked = self._asked.pop(request.request_id, None)
@@ -210,7 +212,7 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
             return False, response or None
         capture = params.get("capture", "all") if params is not None else asked.capture if asked else "all"
         self._outbox.append(send_job(request, block_ids, params, capture, file,
-                                     bool(transfer.get(INCLUDE_OUTPUT_KEY))))
+                                     bool(transfer.get(INCLUDE_OUTPUT_KEY, self._speculating))))
         if file is not None:
             response[HIDDEN_STATES_PATH_KEY] = file
         if params is not None and self._served:

@@ -73,6 +73,8 @@ class HsxService:
     with_parent: bool = False
     """SIGTERMed when this process dies, even by SIGKILL (:mod:`hsx.local.with_parent`;
     start it from a thread that lives as long as this process)."""
+    python: str = sys.executable
+    """The interpreter that runs ``module`` (``hsx train-draft``: speculators' environment)."""
     incarnations: int = field(default=0, init=False)
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     port: int = field(default=0, init=False)
@@ -87,7 +89,7 @@ class HsxService:
             self.stats_path.unlink(missing_ok=True)  # an earlier run's figures must not pass for this one's
             extra += ["--stats-file", str(self.stats_path)]
         argv = ["-m", self.module, *self.args, *extra]
-        argv = with_parent.command(os.getpid(), argv) if self.with_parent else [sys.executable, *argv]
+        argv = with_parent.command(os.getpid(), argv, self.python) if self.with_parent else [self.python, *argv]
         with self.log_path().open("wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                          start_new_session=True)

@@ -36,9 +36,9 @@ def guard(parent: int) -> bool:
     return os.getppid() == parent
 
 
-def command(parent: int, argv: list[str]) -> list[str]:
-    """``argv`` (``-m MODULE ARGS...`` for Python, or ``PROGRAM ARGS...``) under this guard."""
-    return [sys.executable, "-m", __name__, str(parent), *argv]
+def command(parent: int, argv: list[str], python: str = sys.executable) -> list[str]:
+    """``argv`` (``-m MODULE ARGS...`` for ``python``, or ``PROGRAM ARGS...``) under this guard."""
+    return [python, "-m", __name__, str(parent), *argv]
 
 
 def main() -> None:

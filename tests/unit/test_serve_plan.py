@@ -84,3 +84,23 @@ def test_a_draft_that_does_not_fit_is_refused_before_the_start(model: Path, tmp_
     draft = write_draft(tmp_path / "draft", **draft_kwargs)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match=message):
         _plan("--model", str(model), "--draft", str(draft), "--shared-storage-path", str(tmp_path / "f"), *argv)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--learn"], "--learn trains the draft the server serves"),
+    (["--learn", "--save-path", "s", "--drafts", "d"], "drop --drafts"),
+    (["--learn", "--save-path", "s", "--trainer-python", "/nonexistent/python"], "/nonexistent/python does not exist"),
+])
+def test_learning_needs_a_draft_a_dataset_and_a_trainer(model: Path, tmp_path: Path, argv: list[str],
+                                                        message: str) -> None:
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
+    draft = write_draft(tmp_path / "draft")
+    argv = [str(tmp_path / a) if a in ("s", "d") else a for a in argv]
+    with pytest.raises(UsageError, match=message):
+        _plan("--model", str(model), "--draft", str(draft), "--output", str(tmp_path / "o"), *argv)
+
+
+def test_promoted_drafts_need_a_draft_to_replace(model: Path, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="give --draft too"):
+        _plan("--model", str(model), "--drafts", str(tmp_path / "d"), "--output", str(tmp_path / "o"))
