@@ -187,6 +187,8 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
                   f"(hsx metrics at http://{plan.host}:{health.port}/metrics){announced}; Ctrl-C to stop",
                   file=sys.stderr, flush=True)
         learner = None
+        rollbacks = (serve_learning.Rollbacks(plan.learn.drafts, str(plan.engine.draft))
+                     if plan.learn is not None else None)
         if ready and plan.learn is not None and pipeline is not None and plan.output is not None:
             learner = serve_learning.trainer(plan.learn, str(plan.engine.draft), plan.engine.model, plan.output,
                                              pipeline.kafka.bootstrap, pipeline.topics.ready, logs,
@@ -196,6 +198,8 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
                   file=sys.stderr, flush=True)
         while not stop.is_set() and server.exited() is None:
             stop.wait(0.5)
+            if rollbacks is not None:
+                rollbacks.check(reports.drafts, reports.acceptance)
         failures = serve_learning.stop_trainer(learner) if learner is not None else []
         failures += _stop_server(server, plan)
         reports.close()
@@ -204,12 +208,14 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
         reports.settle_samples(drained.unconfirmed)
         if pipeline is not None:
             failures += pipeline.stop()
-        return _summarize(plan, reports, drained, failures, time.monotonic() - started)
+        return _summarize(plan, reports, drained, failures, time.monotonic() - started,
+                          rollbacks.count if rollbacks is not None else 0)
 
 
-def _summarize(plan: ServePlan, reports: ReportReceiver, drained: Drained, failures: list[str], seconds: float) -> int:
+def _summarize(plan: ServePlan, reports: ReportReceiver, drained: Drained, failures: list[str], seconds: float,
+               rollbacks: int) -> int:
     """Step 7: the summary table, every lost capture named on stderr, the exit status."""
-    print(render(_rows(plan, reports, drained, seconds)), flush=True)
+    print(render(_rows(plan, reports, drained, seconds, rollbacks)), flush=True)
     lost = reports.files.failed + len(reports.files.lost) + reports.samples.failed + drained.lost
     for failure in failures:
         print(f"hsx serve: {failure}", file=sys.stderr)
@@ -264,7 +270,8 @@ def _stop_server(server: HsxService, plan: ServePlan) -> list[str]:
     return [] if status == 0 else [f"vLLM's server exited with {status} on SIGTERM (log: {server.log_path()})"]
 
 
-def _rows(plan: ServePlan, reports: ReportReceiver, drained: Drained, seconds: float) -> list[tuple[str, str]]:
+def _rows(plan: ServePlan, reports: ReportReceiver, drained: Drained, seconds: float,
+          rollbacks: int) -> list[tuple[str, str]]:
     """The summary table's rows."""
     rows = [("served for", f"{seconds:,.0f} s")]
     for name, tally, on in (("files", reports.files, plan.files is not None),
@@ -284,11 +291,15 @@ def _rows(plan: ServePlan, reports: ReportReceiver, drained: Drained, seconds: f
         rows += [("draft served last", f"{swapped[-1].version} ({swapped[-1].path})" if swapped
                   else f"0 ({plan.engine.draft})"),
                  ("drafts swapped in", f"{len(swapped):,}"),
-                 ("drafts refused", f"{len(refused):,}" + (f": {refused[-1].reason}" if refused else ""))]
+                 ("drafts refused", f"{len(refused):,}" + (f": {refused[-1].reason}" if refused else "")),
+                 ("acceptance length by draft", ", ".join(f"{v}: {mean:.2f} ({n:,} requests)"
+                                                          for v, (n, mean) in reports.acceptance.totals().items())
+                  or "-")]
     if plan.learn is not None:
         judged = gate_decisions(plan.learn.drafts)
         rows += [("checkpoints judged", ", ".join(f"{sum(d['outcome'] == o for d in judged):,} {o}"
-                                                  for o in ("promoted", "kept", "refused")))]
+                                                  for o in ("promoted", "kept", "refused"))),
+                 ("drafts rolled back", f"{rollbacks:,}")]
     if plan.output is not None:
         rows += [("samples announced", f"{drained.announced:,}"),
                  ("samples not announced", f"{len(drained.missing):,}"),

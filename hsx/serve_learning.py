@@ -12,19 +12,33 @@ checkpoint on held-out served samples and promotes the better ones to
 2. The trainer starts once the server answers, as a child process of its own in
    the environment that has speculators (``--trainer-python``), its checkpoints
    in ``DIR/trainer/<ready topic>``.
-3. On SIGTERM it is stopped first (it checkpoints, commits and judges what it
-   trained), then the server drains.
+3. While serving, a promoted draft whose live acceptance (its latest requests,
+   :mod:`hsx.serve_acceptance`) falls below the draft before it by more than the
+   noise is rolled back: the earlier draft is promoted again, as a new version.
+4. On SIGTERM the trainer is stopped first (it checkpoints, commits and judges
+   what it trained), then the server drains.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client import Counter
+
 from hsx.local.spawn import HsxService, ServiceError
-from hsx.runtime.draft_files import read_promoted
+from hsx.runtime.draft_files import publish_promoted, read_promoted
 from hsx.runtime.errors import UsageError
+from hsx.schemas.drafts import PromotedDraft
+from hsx.schemas.reports import DraftSwapReport
+from hsx.serve_acceptance import LiveAcceptance, regressed
+
+log = logging.getLogger(__name__)
+
+ROLLBACKS = Counter("hsx_serve_draft_rollbacks", "Promoted drafts rolled back: their live acceptance fell below the "
+                    "draft before them by more than the noise")
 
 FOREVER = 10**9
 """``--steps`` of a trainer that runs as long as the server does."""
@@ -69,8 +83,39 @@ def trainer(plan: LearnPlan, draft: str, model: str, dataset: str, bootstrap: st
     return HsxService("trainer", args, logs, health=False, python=plan.trainer_python, with_parent=True).start()
 
 
+class Rollbacks:
+    """Step 3: each newly served draft judged once, on its first full window."""
+
+    def __init__(self, drafts: Path, initial: str) -> None:
+        self._drafts = drafts
+        self._initial = initial
+        self._judged: set[int] = set()
+        self.count = 0
+
+    def check(self, reports: list[DraftSwapReport], live: LiveAcceptance) -> None:
+        served = [(0, self._initial)] + [(r.version, r.path) for r in reports if r.outcome == "swapped"]
+        if len(served) < 2 or served[-1][0] in self._judged:
+            return
+        (before_version, before_path), (version, _) = served[-2], served[-1]
+        before, after = live.window(before_version), live.window(version)
+        if before is None or after is None:
+            return
+        self._judged.add(version)
+        if not regressed(before, after):
+            return
+        pointer = read_promoted(self._drafts)
+        again = max(pointer.version if pointer is not None else 0, version) + 1
+        reason = (f"rollback of {version}: live acceptance length {after.acceptance_length:.3f} ± {after.error:.3f} "
+                  f"over {after.requests} requests, draft {before_version} had {before.acceptance_length:.3f} ± "
+                  f"{before.error:.3f}")
+        publish_promoted(self._drafts, PromotedDraft(version=again, path=before_path, reason=reason))
+        self.count += 1
+        ROLLBACKS.inc()
+        log.warning("%s: draft %s promoted again as version %d", reason, before_path, again)
+
+
 def stop_trainer(service: HsxService) -> list[str]:
-    """Step 3: SIGTERM, a checkpoint and a commit; its failure, if any."""
+    """Step 4: SIGTERM, a checkpoint and a commit; its failure, if any."""
     if service.exited() is not None:
         return [f"the trainer exited with {service.exited()} (log: {service.log_path()})"]
     try:

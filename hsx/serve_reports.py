@@ -25,12 +25,20 @@ import zmq
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import TypeAdapter, ValidationError
 
-from hsx.schemas.reports import CompletionReport, DraftSwapReport, FileReport, KafkaState, PromiseReport
+from hsx.schemas.reports import (
+    CompletionReport,
+    DraftSwapReport,
+    FileReport,
+    KafkaState,
+    PromiseReport,
+    SpeculationReport,
+)
+from hsx.serve_acceptance import LiveAcceptance
 
 log = logging.getLogger(__name__)
 
-_REPORT: TypeAdapter[CompletionReport | FileReport | PromiseReport | KafkaState | DraftSwapReport] = TypeAdapter(
-    CompletionReport | FileReport | PromiseReport | KafkaState | DraftSwapReport)
+_Report = CompletionReport | FileReport | PromiseReport | KafkaState | DraftSwapReport | SpeculationReport
+_REPORT: TypeAdapter[_Report] = TypeAdapter(_Report)
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 CAPTURES = Counter("hsx_serve_captures",
@@ -153,6 +161,8 @@ class ReportReceiver:
         """The connector's latest word on its Kafka side, and when it came."""
         self.drafts: list[DraftSwapReport] = []
         """Each promoted draft the engine swapped in or refused, in order."""
+        self.acceptance = LiveAcceptance()
+        """Live acceptance per draft version, serving with a draft."""
         self.earlier: list[str] = []
         """Files an earlier server on the directory promised and died before writing (found at the start)."""
         self._acknowledged = acknowledged
@@ -178,6 +188,9 @@ class ReportReceiver:
             return
         if isinstance(report, DraftSwapReport):
             self._draft(report)
+            return
+        if isinstance(report, SpeculationReport):
+            self.acceptance.add(report)
             return
         if isinstance(report, PromiseReport):
             for key, tally in ((report.path, self.files), (report.sample_id, self.samples)):

@@ -80,3 +80,12 @@ class DraftSwapReport(StrictModel):
     reason: str | None = None
     """Why a draft was refused: it did not load, holds NaN or inf, or does not fit
     the served draft (tensors, vocabulary, hidden size, layers)."""
+
+
+class SpeculationReport(StrictModel):
+    """What vLLM counted of one served request's drafts (``hsx serve --draft``):
+    ``hsx serve``'s live acceptance per draft version comes from these."""
+
+    draft_version: NonNegativeInt
+    verify_steps: NonNegativeInt
+    accepted_per_position: list[NonNegativeInt]

@@ -77,7 +77,7 @@ from hsx.schemas.connector import (
 )
 from hsx.runtime.settings import KafkaSettings, overrides
 from hsx.schemas.drafts import Speculation
-from hsx.schemas.reports import PromiseReport
+from hsx.schemas.reports import PromiseReport, SpeculationReport
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -203,6 +203,8 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         # never scheduled: nothing complete to send; the extractor sees no completion
         # and treats the attempt as not done.
         complete = not transfer.get(DISCARD_KEY) and request.status != RequestStatus.FINISHED_ABORTED and block_ids
+        if self._promises is not None and self._swaps is not None and complete:
+            self._report_speculation(request)
         file = asked.file if asked else None
         if file is not None and not complete:
             self._drops.append(file)
@@ -219,6 +221,7 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
             response[SAMPLE_ID_KEY] = params["request_id"]
         if self._promises is not None and (file is not None or SAMPLE_ID_KEY in response):
             self._promises.send(PromiseReport(path=file, sample_id=response.get(SAMPLE_ID_KEY)))
+
         return True, response or None
 
     def _sample_params(self, request: Request, asked: Asked | None,
@@ -238,6 +241,14 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         self._samples += 1
         return served_params(self._server, f"{self._server}-{self._samples}", request.request_id, asked,
                              self._speculation(request))
+
+    def _report_speculation(self, request: Request) -> None:
+        """For ``hsx serve``'s live acceptance per draft version."""
+        counted = self._speculation(request)
+        assert counted is not None
+        self._promises.send(SpeculationReport(  # type: ignore[union-attr]
+            draft_version=counted.draft_version, verify_steps=counted.verify_steps,
+            accepted_per_position=counted.accepted_per_position))
 
     def _speculation(self, request: Request) -> Speculation | None:
         """What vLLM counted of the request's drafts (``--per-request-spec-decode-metrics``)."""
