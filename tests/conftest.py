@@ -21,14 +21,6 @@ from hsx.runtime.settings import KafkaSettings, TopicSettings
 
 
 ENGINE_GROUPS = ("engine", "faults")
-FAULT_MODULES = frozenset({
-    "test_network_faults", "test_crash_anywhere", "test_backpressure", "test_lost_assignment", "test_staging_outage",
-    "test_hostile_input", "test_engine_stall", "test_extractor_refused", "test_hsx_serve", "test_interrupt",
-    "test_serve_draft"})
-"""Engine tests of the ``faults`` group: each runs its engines as hsx services
-(child processes, none in the test's own) and spends most of its time waiting
-out what it injects (partitions, kills and restarts, a slow sink, a silent
-broker, Ctrl-C); together about as long as the rest of the engine tests."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -36,13 +28,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """``make test`` runs three pytest-xdist workers with ``--dist loadgroup``. The
     engine tests form two groups, so two workers run them one at a time each
     (``engine``: the in-process engines and their session fixtures, as a single
-    process would share them; ``faults``: :data:`FAULT_MODULES`), at most two
-    engines at once on the machine, while the third runs everything else, which
-    mostly waits on brokers, sinks and S3."""
+    process would share them; ``faults``: the modules marked ``faults``, whose
+    engines run as hsx services and whose time is mostly waiting out what they
+    inject), at most two engines at once on the machine, while the third runs
+    everything else, which mostly waits on brokers, sinks and S3."""
     for item in items:
         if item.get_closest_marker("engine"):
-            faults = item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in FAULT_MODULES
-            item.add_marker(pytest.mark.xdist_group("faults" if faults else "engine"))
+            item.add_marker(pytest.mark.xdist_group("faults" if item.get_closest_marker("faults") else "engine"))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -24,7 +24,7 @@ from tests.drain import drain
 from tests.reliability.harness import as_records, committed, publish, text_prompts, wait_until
 from tests.reliability.netfaults import FaultProxy, is_connector
 
-pytestmark = [pytest.mark.integration, pytest.mark.engine]
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.faults]
 
 DELIVERY_TIMEOUT = json.dumps({"message.timeout.ms": "3000"})
 

@@ -51,7 +51,7 @@ from hsx.serve_reports import STALL_SECONDS
 from tests.drain import drain
 from tests.mounts import tmpfs
 
-pytestmark = [pytest.mark.integration, pytest.mark.engine]
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.faults]
 
 LAYERS = [1, 3, 4]
 

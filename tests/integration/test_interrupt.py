@@ -27,7 +27,7 @@ from hsx import models
 from hsx.dataset.reader import open_dataset
 from hsx.runtime.errors import ExitCode
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 ENGINE = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256"]
 EXIT_WITHIN = 30.0

@@ -47,7 +47,7 @@ from hsx.reference import HFReference, max_relative_error
 from hsx.runtime.draft_files import publish_promoted, read_promoted
 from hsx.schemas.drafts import PromotedDraft
 
-pytestmark = [pytest.mark.integration, pytest.mark.engine]
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.faults]
 
 CAPTURED = [*AUX_LAYERS, 4]  # the draft's aux layers, then tiny-llama's last (4 = num_hidden_layers, pre-norm)
 K = 3

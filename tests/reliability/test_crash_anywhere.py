@@ -40,7 +40,7 @@ from tests.reliability.harness import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.engine]
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.faults]
 
 MODEL = "smollm2-135m-instruct"
 PROMPTS = int(os.environ.get("HSX_RELIABILITY_PROMPTS", "160"))

@@ -20,7 +20,7 @@ from tests.reliability.harness import (
     as_records, committed, extract_args, publish, record_figures, text_prompts, wait_until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.engine]
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.faults]
 
 MODEL = "smollm2-135m-instruct"
 STALL_S = 8

@@ -20,7 +20,7 @@ from hsx.runtime.settings import KafkaSettings
 from tests.reliability.harness import dead_letters, extract_args, index_counts, publish, record_figures, sink_args
 from tests.unit.test_prompt_event import INVALID, SMALL, data_uri
 
-pytestmark = [pytest.mark.integration, pytest.mark.engine]
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.faults]
 
 MODEL = "smollm2-135m-instruct"
 SECRET = "hsx-test-secret-7f3a9c"

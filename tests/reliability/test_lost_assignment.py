@@ -40,7 +40,7 @@ from tests.reliability.harness import (
 )
 from tests.unit.test_assembler import records
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 SESSION_TIMEOUT_MS = 6000
 RESUME_BOUND_S = 30.0

@@ -54,7 +54,7 @@ from tests.reliability.harness import check_exactly_once, dead_letters, index_co
 from tests.reliability.netfaults import FaultProxy, is_connector, wait
 
 # The shared run (two pipelines, one through six faults) happens in the first test's setup.
-pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.timeout(1800), pytest.mark.faults]
 
 MODEL = "smollm2-135m-instruct"
 PER_PHASE = 16

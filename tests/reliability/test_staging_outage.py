@@ -23,7 +23,7 @@ from tests.reliability.harness import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.engine]
+pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.faults]
 
 MODEL = "smollm2-135m-instruct"
 PER_PHASE = 12
