@@ -186,21 +186,20 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
             print(f"hsx serve: serving {plan.model_name or plan.engine.model} at http://{plan.host}:{plan.port}/v1 "
                   f"(hsx metrics at http://{plan.host}:{health.port}/metrics){announced}; Ctrl-C to stop",
                   file=sys.stderr, flush=True)
-        learner = None
-        rollbacks = (serve_learning.Rollbacks(plan.learn.drafts, str(plan.engine.draft))
-                     if plan.learn is not None else None)
+        learning = None
         if ready and plan.learn is not None and pipeline is not None and plan.output is not None:
-            learner = serve_learning.trainer(plan.learn, str(plan.engine.draft), plan.engine.model, plan.output,
-                                             pipeline.kafka.bootstrap, pipeline.topics.ready, logs,
-                                             accelerated=_accelerated())
-            stack.callback(lambda: learner.exited() is None and learner.kill())
-            print(f"hsx serve: learning: {learner.log_path()}, drafts promoted to {plan.learn.drafts}",
+            learning = serve_learning.Learning(plan.learn, str(plan.engine.draft), plan.engine.model, plan.output,
+                                               pipeline.kafka.bootstrap, pipeline.topics.ready, logs,
+                                               accelerated=_accelerated())
+            trainer = learning.trainer
+            stack.callback(lambda: trainer.exited() is None and trainer.kill())
+            print(f"hsx serve: learning: {trainer.log_path()}, drafts promoted to {plan.learn.drafts}",
                   file=sys.stderr, flush=True)
         while not stop.is_set() and server.exited() is None:
             stop.wait(0.5)
-            if rollbacks is not None:
-                rollbacks.check(reports.drafts, reports.acceptance)
-        failures = serve_learning.stop_trainer(learner) if learner is not None else []
+            if learning is not None:
+                learning.tick(reports.drafts, reports.acceptance)
+        failures = learning.stop() if learning is not None else []
         failures += _stop_server(server, plan)
         reports.close()
         drained = (pipeline.wait_announced(reports.samples.lost) if pipeline is not None
@@ -208,14 +207,13 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
         reports.settle_samples(drained.unconfirmed)
         if pipeline is not None:
             failures += pipeline.stop()
-        return _summarize(plan, reports, drained, failures, time.monotonic() - started,
-                          rollbacks.count if rollbacks is not None else 0)
+        return _summarize(plan, reports, drained, failures, time.monotonic() - started, learning)
 
 
 def _summarize(plan: ServePlan, reports: ReportReceiver, drained: Drained, failures: list[str], seconds: float,
-               rollbacks: int) -> int:
+               learning: serve_learning.Learning | None) -> int:
     """Step 7: the summary table, every lost capture named on stderr, the exit status."""
-    print(render(_rows(plan, reports, drained, seconds, rollbacks)), flush=True)
+    print(render(_rows(plan, reports, drained, seconds, learning)), flush=True)
     lost = reports.files.failed + len(reports.files.lost) + reports.samples.failed + drained.lost
     for failure in failures:
         print(f"hsx serve: {failure}", file=sys.stderr)
@@ -271,7 +269,7 @@ def _stop_server(server: HsxService, plan: ServePlan) -> list[str]:
 
 
 def _rows(plan: ServePlan, reports: ReportReceiver, drained: Drained, seconds: float,
-          rollbacks: int) -> list[tuple[str, str]]:
+          learning: serve_learning.Learning | None) -> list[tuple[str, str]]:
     """The summary table's rows."""
     rows = [("served for", f"{seconds:,.0f} s")]
     for name, tally, on in (("files", reports.files, plan.files is not None),
@@ -295,11 +293,12 @@ def _rows(plan: ServePlan, reports: ReportReceiver, drained: Drained, seconds: f
                  ("acceptance length by draft", ", ".join(f"{v}: {mean:.2f} ({n:,} requests)"
                                                           for v, (n, mean) in reports.acceptance.totals().items())
                   or "-")]
-    if plan.learn is not None:
+    if plan.learn is not None and learning is not None:
         judged = gate_decisions(plan.learn.drafts)
         rows += [("checkpoints judged", ", ".join(f"{sum(d['outcome'] == o for d in judged):,} {o}"
                                                   for o in ("promoted", "kept", "refused"))),
-                 ("drafts rolled back", f"{rollbacks:,}")]
+                 ("drafts rolled back", f"{learning.rollbacks.count:,}"),
+                 ("trainer restarts", f"{learning.restarts:,}")]
     if plan.output is not None:
         rows += [("samples announced", f"{drained.announced:,}"),
                  ("samples not announced", f"{len(drained.missing):,}"),

@@ -12,7 +12,9 @@ checkpoint on held-out served samples and promotes the better ones to
 2. The trainer starts once the server answers, as a child process of its own in
    the environment that has speculators (``--trainer-python``), its checkpoints
    in ``DIR/trainer/<ready topic>``.
-3. While serving, a promoted draft whose live acceptance (its latest requests,
+3. While serving, a trainer that died is started again (it resumes from its
+   last checkpoint and offsets; the server serves on with its draft meanwhile),
+   and a promoted draft whose live acceptance (its latest requests,
    :mod:`hsx.serve_acceptance`) falls below the draft before it by more than the
    noise is rolled back: the earlier draft is promoted again, as a new version.
 4. On SIGTERM the trainer is stopped first (it checkpoints, commits and judges
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,17 +73,42 @@ def learn_plan(save_path: str, trainer_python: str | None, checkpoint_every: int
     return LearnPlan(Path(save_path), str(python), checkpoint_every, margin)
 
 
-def trainer(plan: LearnPlan, draft: str, model: str, dataset: str, bootstrap: str, ready_topic: str,
-            logs: Path, accelerated: bool) -> HsxService:
-    """Step 2: ``hsx train-draft`` warm-started from the draft served now."""
-    promoted = read_promoted(plan.drafts)
-    start = promoted.path if promoted is not None else draft
-    cpu = [] if accelerated else ["--hidden-states-dtype", "float32", "--total-seq-len", "2048", "--num-workers", "1"]
-    args = ["train-draft", "--bootstrap", bootstrap, "--ready-topic", ready_topic, "--group", f"learn-{ready_topic}",
-            "--dataset", dataset, "--model", model, "--save-path", str(plan.save_path / "trainer" / ready_topic),
-            "--init-from", start, "--promote-to", str(plan.drafts), "--margin", str(plan.margin),
-            "--steps", str(FOREVER), "--checkpoint-every", str(plan.checkpoint_every), *cpu]
-    return HsxService("trainer", args, logs, health=False, python=plan.trainer_python, with_parent=True).start()
+class Learning:
+    """Steps 2-4, beside a server that answers: call :meth:`tick` while it serves."""
+
+    def __init__(self, plan: LearnPlan, draft: str, model: str, dataset: str, bootstrap: str, ready_topic: str,
+                 logs: Path, accelerated: bool) -> None:
+        """Step 2: ``hsx train-draft`` warm-started from the draft served now."""
+        promoted = read_promoted(plan.drafts)
+        start = promoted.path if promoted is not None else draft
+        cpu = [] if accelerated else ["--hidden-states-dtype", "float32", "--total-seq-len", "2048",
+                                      "--num-workers", "1"]
+        args = ["train-draft", "--bootstrap", bootstrap, "--ready-topic", ready_topic,
+                "--group", f"learn-{ready_topic}", "--dataset", dataset, "--model", model,
+                "--save-path", str(plan.save_path / "trainer" / ready_topic), "--init-from", start,
+                "--promote-to", str(plan.drafts), "--margin", str(plan.margin), "--steps", str(FOREVER),
+                "--checkpoint-every", str(plan.checkpoint_every), *cpu]
+        self.trainer = HsxService("trainer", args, logs, health=False, python=plan.trainer_python,
+                                  with_parent=True).start()
+        self.rollbacks = Rollbacks(plan.drafts, draft)
+        self.restarts = 0
+        self._next_start = 0.0
+
+    def tick(self, reports: list[DraftSwapReport], live: LiveAcceptance) -> None:
+        """Step 3."""
+        self.rollbacks.check(reports, live)
+        status = self.trainer.exited()
+        if status is None or time.monotonic() < self._next_start:
+            return
+        self.restarts += 1
+        self._next_start = time.monotonic() + min(60.0, 2.0 ** self.restarts)
+        log.error("the trainer exited with %s (log: %s); starting it again, from its last checkpoint", status,
+                  self.trainer.log_path())
+        self.trainer.start()
+
+    def stop(self) -> list[str]:
+        """Step 4, the trainer's part: SIGTERM, a checkpoint and a commit; its failure, if any."""
+        return stop_trainer(self.trainer)
 
 
 class Rollbacks:

@@ -19,6 +19,11 @@ vLLM creates one instance per role, in different processes:
   whose every output has its rows (Kafka: acknowledged), so vLLM frees their
   blocks only then.
 
+Serving with an EAGLE-3 draft (vLLM's ``eagle3`` method) instead of
+``extract_hidden_states``, the rows come from a store the verifier's own forward
+passes fill (:mod:`hsx.extractor.connector.verifier_states`), and promoted drafts
+are swapped in between steps (:mod:`hsx.extractor.connector.draft_swap`).
+
 For files, the scheduler side also picks each request's file when it is first
 scheduled (:mod:`hsx.extractor.connector.request_options`), the worker side
 takes its lock before that step's forward pass, and ``request_finished`` names
@@ -204,7 +209,7 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         # and treats the attempt as not done.
         complete = not transfer.get(DISCARD_KEY) and request.status != RequestStatus.FINISHED_ABORTED and block_ids
         if self._promises is not None and self._swaps is not None and complete:
-            self._report_speculation(request)
+            self._report_speculation(self._promises, request)
         file = asked.file if asked else None
         if file is not None and not complete:
             self._drops.append(file)
@@ -221,7 +226,6 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
             response[SAMPLE_ID_KEY] = params["request_id"]
         if self._promises is not None and (file is not None or SAMPLE_ID_KEY in response):
             self._promises.send(PromiseReport(path=file, sample_id=response.get(SAMPLE_ID_KEY)))
-
         return True, response or None
 
     def _sample_params(self, request: Request, asked: Asked | None,
@@ -242,13 +246,12 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         return served_params(self._server, f"{self._server}-{self._samples}", request.request_id, asked,
                              self._speculation(request))
 
-    def _report_speculation(self, request: Request) -> None:
+    def _report_speculation(self, reports: CompletionSender, request: Request) -> None:
         """For ``hsx serve``'s live acceptance per draft version."""
         counted = self._speculation(request)
         assert counted is not None
-        self._promises.send(SpeculationReport(  # type: ignore[union-attr]
-            draft_version=counted.draft_version, verify_steps=counted.verify_steps,
-            accepted_per_position=counted.accepted_per_position))
+        reports.send(SpeculationReport(draft_version=counted.draft_version, verify_steps=counted.verify_steps,
+                                       accepted_per_position=counted.accepted_per_position))
 
     def _speculation(self, request: Request) -> Speculation | None:
         """What vLLM counted of the request's drafts (``--per-request-spec-decode-metrics``)."""
