@@ -74,8 +74,8 @@ from hsx.local.spawn import HsxService, cpu_engine_env
 from hsx.local.topics import fresh_topics
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas.connector import REPORTS_KEY
-from hsx.serve import SERVER
-from hsx.serve_reports import ReportReceiver, Tally
+from hsx.serving.command import SERVER
+from hsx.serving.reports import ReportReceiver, Tally
 
 MODEL = "smollm2-135m-instruct"
 LAYERS = [2, 15, 27, 30]

@@ -28,9 +28,9 @@ SERVICE_COMMANDS = [
     ("export", "write a dataset in another trainer's layout (speculators)", "hsx.trainer.export"),
     ("train-draft", "train speculators' EAGLE-3 draft online from hidden_states.ready", "hsx.trainer.draft"),
     ("eval-draft", "a draft's acceptance on your prompts, in vLLM's speculative decoding", "hsx.drafts.cli"),
-    ("run", "the whole pipeline on one machine: your prompts in, a dataset out", "hsx.run"),
+    ("run", "the whole pipeline on one machine: your prompts in, a dataset out", "hsx.running.command"),
     ("serve", "vLLM's OpenAI server with every response's hidden states as a file, in a dataset, or both",
-     "hsx.serve"),
+     "hsx.serving.command"),
     ("demo", "run the whole pipeline on a small bundled prompt mix", "hsx.demo"),
 ]
 

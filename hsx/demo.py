@@ -27,8 +27,8 @@ from hsx.local.broker import dev_bootstrap
 from hsx.local.s3server import LocalS3, dev_s3
 from hsx.producer.sources import read_jsonl
 from hsx.reference import HFReference, max_relative_error
-from hsx.run import run_pipeline, stopping_children_on_interrupt
-from hsx.run_plan import STAGING, RunPlan
+from hsx.running.command import run_pipeline, stopping_children_on_interrupt
+from hsx.running.plan import STAGING, RunPlan
 from hsx.runtime.checks import writable_dir
 from hsx.runtime.errors import ExitCode, UsageError
 from hsx.summary import RunReport, render

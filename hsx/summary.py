@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hsx.dataset.storage import open_storage
-from hsx.ledger import Ledger
+from hsx.running.ledger import Ledger
 from hsx.producer.publisher import PublishSummary
 
 

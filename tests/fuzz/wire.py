@@ -46,7 +46,7 @@ from hsx.dataset.storage import LocalStorage
 from hsx.extractor.cli import _max_model_len as default_max_model_len
 from hsx.extractor.model_config import text_config
 from hsx.extractor.prompts import PromptPreparer, PromptRejected
-from hsx.ledger import Ledger, account
+from hsx.running.ledger import Ledger, account
 from hsx.models import prepare
 from hsx.schemas import (
     DEFAULT_LIMITS,

@@ -47,7 +47,7 @@ from hsx.local.spawn import HsxService
 from hsx.reference import HFReference, max_relative_error
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady
-from hsx.serve_reports import STALL_SECONDS
+from hsx.serving.reports import STALL_SECONDS
 from tests.drain import drain
 from tests.mounts import tmpfs
 

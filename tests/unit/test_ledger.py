@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hsx.ledger import Ledger, LedgerFeed
+from hsx.running.ledger import Ledger, LedgerFeed
 from hsx.producer.publisher import PublishSummary
 from hsx.schemas import DlqHeaders, ErrorClass, Topics
 from hsx.summary import RunReport
@@ -61,11 +61,11 @@ def test_records_no_service_wrote_are_skipped_and_the_rest_counted(caplog: pytes
     consumer = type("Consumer", (), {"consume": lambda self, num_messages, timeout: messages,
                                      "close": lambda self: None})()
     feed = LedgerFeed(consumer, topics, ledger)
-    with caplog.at_level(logging.WARNING, logger="hsx.ledger"):
+    with caplog.at_level(logging.WARNING, logger="hsx.running.ledger"):
         feed.poll(0.1)
     assert ledger.foreign == 4
     assert ledger.failed == {"good": ErrorClass.PROMPT_TOO_LONG} and ledger.missing == {"bad"}
-    warnings = [r.getMessage() for r in caplog.records if r.name == "hsx.ledger"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "hsx.running.ledger"]
     assert len(warnings) == 4 and all("not a record hsx accounts for, skipped" in w for w in warnings)
     assert warnings[0].startswith(f"{topics.ready}[0]@7:")
 

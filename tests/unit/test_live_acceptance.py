@@ -13,8 +13,8 @@ import pytest
 from hsx.runtime.draft_files import publish_promoted, read_promoted
 from hsx.schemas.drafts import PromotedDraft
 from hsx.schemas.reports import DraftSwapReport, SpeculationReport
-from hsx.serve_acceptance import LiveAcceptance, regressed
-from hsx.serve_learning import Rollbacks
+from hsx.serving.acceptance import LiveAcceptance, regressed
+from hsx.serving.learning import Rollbacks
 
 
 def _serve(live: LiveAcceptance, version: int, rate: float, requests: int, seed: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hsx.run_plan import RunPlan
+from hsx.running.plan import RunPlan
 from hsx.schemas import Codec
 from hsx.schemas.dataset_codec import DatasetCodec
 

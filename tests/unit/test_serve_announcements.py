@@ -14,8 +14,8 @@ import zmq
 
 from hsx.schemas import ErrorClass, HiddenStatesReady
 from hsx.schemas.reports import CompletionReport, FileReport, KafkaState, PromiseReport
-from hsx.serve_pipeline import Announcements
-from hsx.serve_reports import STALL_SECONDS, InFlight, ReportReceiver
+from hsx.serving.pipeline import Announcements
+from hsx.serving.reports import STALL_SECONDS, InFlight, ReportReceiver
 
 
 def _ready(sample_id: str) -> HiddenStatesReady:

@@ -10,8 +10,8 @@ import pytest
 
 from hsx.cli import build_parser
 from hsx.runtime.errors import UsageError
-from hsx.serve import server_argv
-from hsx.serve_plan import plan_from_args
+from hsx.serving.command import server_argv
+from hsx.serving.plan import plan_from_args
 from tests.unit.test_draft_checkpoint import write_draft
 
 

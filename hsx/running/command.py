@@ -35,7 +35,7 @@ from tqdm import tqdm
 from hsx.dataset.reader import Dataset
 from hsx.dataset.storage import is_object_store, open_storage
 from hsx.extractor.cli import add_model_arguments, as_argv, check_layout, model_and_layers
-from hsx.ledger import Ledger, LedgerFeed
+from hsx.running.ledger import Ledger, LedgerFeed
 from hsx.local.broker import EmbeddedBroker
 from hsx.local.commands import STEADY_SESSION_TIMEOUT_MS, extract_command, sink_command
 from hsx.local.spawn import HsxService
@@ -50,7 +50,7 @@ from hsx.runtime.settings import KafkaSettings, PromptLimitSettings, TopicSettin
 from hsx.schemas import Topics, sample_id
 from hsx.schemas.connector import WireDType
 from hsx.schemas.dataset_codec import DatasetCodec
-from hsx.run_plan import RunPlan
+from hsx.running.plan import RunPlan
 from hsx.summary import RunReport, render
 
 LOST_AFTER_SECONDS = 120.0

@@ -1,5 +1,5 @@
 """What ``hsx serve`` needs, checked before anything starts (:class:`ServePlan`,
-step 1 of :mod:`hsx.serve`), and where it puts what it stages and logs."""
+step 1 of :mod:`hsx.serving.command`), and where it puts what it stages and logs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hsx.extractor.engine import EngineOptions
 from hsx.runtime.checks import model_dir, writable_dir
 from hsx.runtime.errors import UsageError
 from hsx.runtime.settings import from_args
-from hsx.serve_learning import LearnPlan, learn_plan
+from hsx.serving.learning import LearnPlan, learn_plan
 from hsx.schemas.dataset_codec import DatasetCodec
 
 
@@ -44,7 +44,7 @@ class ServePlan:
     drafts: str | None = None
     """The drafts directory whose promoted drafts the server swaps in (``--drafts``)."""
     learn: LearnPlan | None = None
-    """``--learn``: a trainer beside the server, promoting to ``drafts`` (:mod:`hsx.serve_learning`)."""
+    """``--learn``: a trainer beside the server, promoting to ``drafts`` (:mod:`hsx.serving.learning`)."""
 
     @property
     def sends(self) -> bool:

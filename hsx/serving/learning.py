@@ -15,7 +15,7 @@ checkpoint on held-out served samples and promotes the better ones to
 3. While serving, a trainer that died is started again (it resumes from its
    last checkpoint and offsets; the server serves on with its draft meanwhile),
    and a promoted draft whose live acceptance (its latest requests,
-   :mod:`hsx.serve_acceptance`) falls below the draft before it by more than the
+   :mod:`hsx.serving.acceptance`) falls below the draft before it by more than the
    noise is rolled back: the earlier draft is promoted again, as a new version.
 4. On SIGTERM the trainer is stopped first (it checkpoints, commits and judges
    what it trained), then the server drains.
@@ -36,7 +36,7 @@ from hsx.runtime.draft_files import publish_promoted, read_promoted
 from hsx.runtime.errors import UsageError
 from hsx.schemas.drafts import PromotedDraft
 from hsx.schemas.reports import DraftSwapReport
-from hsx.serve_acceptance import LiveAcceptance, regressed
+from hsx.serving.acceptance import LiveAcceptance, regressed
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ response's hidden states as a file (``--shared-storage-path``), in a dataset
 2. With ``--output``: the broker (``--bootstrap`` or ``HSX_KAFKA_BOOTSTRAP``, else
    the embedded one), topics, and an ``hsx sink`` child writing the dataset. With
    ``--no-sink`` instead: the cluster's blocks topic, for the sinks it already has.
-3. The report channel (:mod:`hsx.serve_reports`): the connector reports every
+3. The report channel (:mod:`hsx.serving.reports`): the connector reports every
    capture here; hsx's metrics (``--health-port``) and the summary count them.
 4. vLLM's server as a child process (``python -m
    vllm.entrypoints.openai.api_server``, the seed's flags built from ours), the
@@ -44,10 +44,10 @@ from hsx.runtime.errors import ExitCode
 from hsx.runtime.health import HealthServer
 from hsx.schemas.connector import DRAFTS_KEY, EXTRA_CONFIG_KEY, REPORTS_KEY
 from hsx.schemas.dataset_codec import DatasetCodec
-from hsx import serve_learning
-from hsx.serve_pipeline import Drained, dataset_side
-from hsx.serve_plan import ServePlan, plan_from_args
-from hsx.serve_reports import ReportReceiver
+from hsx.serving.learning import Learning
+from hsx.serving.pipeline import Drained, dataset_side
+from hsx.serving.plan import ServePlan, plan_from_args
+from hsx.serving.reports import ReportReceiver
 from hsx.summary import render
 from hsx.trainer.gate import decisions as gate_decisions
 
@@ -188,7 +188,7 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
                   file=sys.stderr, flush=True)
         learning = None
         if ready and plan.learn is not None and pipeline is not None and plan.output is not None:
-            learning = serve_learning.Learning(plan.learn, str(plan.engine.draft), plan.engine.model, plan.output,
+            learning = Learning(plan.learn, str(plan.engine.draft), plan.engine.model, plan.output,
                                                pipeline.kafka.bootstrap, pipeline.topics.ready, logs,
                                                accelerated=_accelerated())
             trainer = learning.trainer
@@ -211,7 +211,7 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
 
 
 def _summarize(plan: ServePlan, reports: ReportReceiver, drained: Drained, failures: list[str], seconds: float,
-               learning: serve_learning.Learning | None) -> int:
+               learning: Learning | None) -> int:
     """Step 7: the summary table, every lost capture named on stderr, the exit status."""
     print(render(_rows(plan, reports, drained, seconds, learning)), flush=True)
     lost = reports.files.failed + len(reports.files.lost) + reports.samples.failed + drained.lost
@@ -269,7 +269,7 @@ def _stop_server(server: HsxService, plan: ServePlan) -> list[str]:
 
 
 def _rows(plan: ServePlan, reports: ReportReceiver, drained: Drained, seconds: float,
-          learning: serve_learning.Learning | None) -> list[tuple[str, str]]:
+          learning: Learning | None) -> list[tuple[str, str]]:
     """The summary table's rows."""
     rows = [("served for", f"{seconds:,.0f} s")]
     for name, tally, on in (("files", reports.files, plan.files is not None),

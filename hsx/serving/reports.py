@@ -33,7 +33,7 @@ from hsx.schemas.reports import (
     PromiseReport,
     SpeculationReport,
 )
-from hsx.serve_acceptance import LiveAcceptance
+from hsx.serving.acceptance import LiveAcceptance
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """``hsx serve``'s dataset side (step 2 and the sink's part of step 6 of
-:mod:`hsx.serve`): the broker's topics, the sink writing ``--output``, and the
+:mod:`hsx.serving.command`): the broker's topics, the sink writing ``--output``, and the
 ready events followed while serving, so that the drain waits only for the
 samples still in flight; with ``--no-sink``, the cluster's blocks topic alone."""
 
@@ -16,16 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hsx.ledger import NOT_TERMINAL, LedgerFeed
+from hsx.running.ledger import NOT_TERMINAL, LedgerFeed
 from hsx.local.commands import STEADY_SESSION_TIMEOUT_MS, sink_command
 from hsx.local.spawn import HsxService
-from hsx.run import SINK_FLUSH_WHEN_IDLE, broker, run_topics
-from hsx.run_plan import own_staging_codec
+from hsx.running.command import SINK_FLUSH_WHEN_IDLE, broker, run_topics
+from hsx.running.plan import own_staging_codec
 from hsx.runtime.kafka import ensure_topics
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import ErrorClass, HiddenStatesReady
-from hsx.serve_plan import ServePlan
-from hsx.serve_reports import InFlight
+from hsx.serving.plan import ServePlan
+from hsx.serving.reports import InFlight
 
 log = logging.getLogger(__name__)
 
