@@ -33,7 +33,7 @@ from prometheus_client import Counter
 
 from hsx.local.spawn import HsxService, ServiceError
 from hsx.runtime.draft_files import publish_promoted, read_promoted
-from hsx.runtime.errors import UsageError
+from hsx.runtime.errors import ExitCode, UsageError
 from hsx.schemas.drafts import PromotedDraft
 from hsx.schemas.reports import DraftSwapReport
 from hsx.serving.acceptance import LiveAcceptance, regressed
@@ -93,12 +93,19 @@ class Learning:
         self.rollbacks = Rollbacks(plan.drafts, draft)
         self.restarts = 0
         self._next_start = 0.0
+        self._gave_up = False
 
     def tick(self, reports: list[DraftSwapReport], live: LiveAcceptance) -> None:
         """Step 3."""
         self.rollbacks.check(reports, live)
         status = self.trainer.exited()
         if status is None or time.monotonic() < self._next_start:
+            return
+        if status == ExitCode.USAGE:  # it refused its arguments: another start would too
+            if not self._gave_up:
+                log.error("the trainer refused its arguments (log: %s); serving on without learning",
+                          self.trainer.log_path())
+                self._gave_up = True
             return
         self.restarts += 1
         self._next_start = time.monotonic() + min(60.0, 2.0 ** self.restarts)
