@@ -41,8 +41,6 @@ def build_tiny_llama_eagle3(dest: Path) -> None:
     config = json.loads((verifier / "config.json").read_text(encoding="utf-8"))
     weights = {k: v for path in sorted(verifier.glob("*.safetensors")) for k, v in load_file(path).items()}
     hidden, vocab = config["hidden_size"], config["vocab_size"]
-    heads, kv_heads, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
-    inter = config["intermediate_size"]
     last = f"model.layers.{config['num_hidden_layers'] - 1}."
     fc = torch.zeros(hidden, len(AUX_LAYERS) * hidden)
     fc[:, -hidden:] = torch.eye(hidden)  # the input of the verifier's last decoder layer, unnormed
