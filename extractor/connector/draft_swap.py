@@ -162,6 +162,9 @@ class DraftSwapper:
         self._served_config = read_config(Path(served))
         self._served_shapes = tensor_shapes(Path(served))
         self.serving = 0
+        self._serving_path = Path(served)
+        self._ordered: int | None = None
+        """The version last ordered prepared: a slower load of an earlier order is dropped."""
         self._prepared: _Prepared | None = None
         self._refused: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -169,7 +172,7 @@ class DraftSwapper:
     def prepare(self, promoted: PromotedDraft) -> None:
         """2. Load and check ``promoted`` on a thread; a newer order replaces it."""
         with self._lock:
-            self._prepared = None
+            self._prepared, self._ordered = None, promoted.version
         threading.Thread(target=self._load, args=(promoted,), name=f"hsx-draft-{promoted.version}",
                          daemon=True).start()
 
@@ -180,19 +183,32 @@ class DraftSwapper:
         if prepared is None or prepared.version != version:
             log.error("told to swap to draft %d, which this rank has not prepared", version)
             return
+        started = time.perf_counter()
+        try:
+            self._reload(prepared.tensors)
+        except Exception as exc:  # noqa: BLE001 - the served draft back rather than a broken one
+            log.exception("draft %d (%s) did not load into the model; the served draft reloaded", version,
+                          prepared.path)
+            self._reload(self._checked(self._serving_path))
+            with self._lock:
+                self._refused[version] = f"does not load into the model: {type(exc).__name__}: {exc}"
+                self._prepared = None
+            return
+        with self._lock:
+            self.serving, self._serving_path, self._prepared = version, Path(prepared.path), None
+        log.info("draft %d (%s) swapped in, %.3f s", version, prepared.path, time.perf_counter() - started)
+
+    def _reload(self, tensors: dict[str, torch.Tensor]) -> None:
+        """vLLM's in-place layerwise reload of the draft model."""
         from vllm.model_executor.model_loader.reload.layerwise import (
             finalize_layerwise_reload,
             initialize_layerwise_reload,
         )
 
-        started = time.perf_counter()
         model = self._runner.drafter.model
         initialize_layerwise_reload(model)
-        model.load_weights(prepared.tensors.items())
+        model.load_weights(tensors.items())
         finalize_layerwise_reload(model, self._runner.vllm_config.speculative_config.draft_model_config)
-        with self._lock:
-            self.serving, self._prepared = version, None
-        log.info("draft %d (%s) swapped in, %.3f s", version, prepared.path, time.perf_counter() - started)
 
     def meta(self) -> DraftWorkerMeta:
         with self._lock:
@@ -208,7 +224,8 @@ class DraftSwapper:
                 self._refused[promoted.version] = reason
             return
         with self._lock:
-            self._prepared = _Prepared(promoted.version, promoted.path, tensors)
+            if self._ordered == promoted.version:  # else a newer order came meanwhile
+                self._prepared = _Prepared(promoted.version, promoted.path, tensors)
 
     def _checked(self, path: Path) -> dict[str, torch.Tensor]:
         """The checkpoint's tensors to load, or :class:`DraftRefused` naming why not."""
