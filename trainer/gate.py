@@ -40,7 +40,7 @@ from hsx.schemas.drafts import PromotedDraft
 from hsx.trainer.dataset import HsxDataset
 from hsx.trainer.holdout import held_out
 from hsx.trainer.samples import TrainingSample
-from hsx.trainer.stream_batches import SpeculatorsBatch
+from hsx.trainer.stream_batches import SpeculatorsBatch, packed
 
 log = logging.getLogger("hsx.trainer.draft")
 
@@ -132,7 +132,7 @@ class Gate:
         collate = SpeculatorsBatch(self.total_seq_len, hidden, len(self.layers), self.dtype)
         correct = [0.0] * self.ttt_steps
         total = 0.0
-        for group in _packed(samples, self.total_seq_len):
+        for group in packed(samples, self.total_seq_len):
             batch = {k: v for k, v in collate(group).items() if k != "positions"}
             _, _, metrics = model(**batch, ttt_steps=self.ttt_steps, ttt_step_loss_decay=1.0,
                                   loss_config=resolve_loss_config("kl_div", "eager"))
@@ -154,20 +154,6 @@ class Gate:
         log.info("gate: %s %s (%s)", decision.outcome, decision.checkpoint, decision.reason,
                  extra={"gate": decision.outcome})
         return decision
-
-
-def _packed(samples: list[TrainingSample], total_seq_len: int) -> list[list[TrainingSample]]:
-    """``samples`` in groups of at most ``total_seq_len`` shifted tokens (one alone if longer)."""
-    groups: list[list[TrainingSample]] = []
-    tokens = total_seq_len + 1
-    for sample in samples:
-        shifted = max(sample.num_tokens - 1, 0)
-        if tokens + shifted > total_seq_len:
-            groups.append([])
-            tokens = 0
-        groups[-1].append(sample)
-        tokens += shifted
-    return groups
 
 
 def decisions(drafts: Path) -> list[dict[str, Any]]:

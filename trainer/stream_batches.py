@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -28,17 +28,23 @@ class PackedSamples(torch.utils.data.IterableDataset[list[TrainingSample]]):
         self.total_seq_len = total_seq_len
 
     def __iter__(self) -> Iterator[list[TrainingSample]]:
-        group: list[TrainingSample] = []
-        tokens = 0
-        for sample in self.stream:
-            shifted = max(sample.num_tokens - 1, 0)
-            if group and tokens + shifted > self.total_seq_len:
-                yield group
-                group, tokens = [], 0
-            group.append(sample)
-            tokens += shifted
-        if group:
+        return packed(self.stream, self.total_seq_len)
+
+
+def packed(samples: Iterable[TrainingSample], total_seq_len: int) -> Iterator[list[TrainingSample]]:
+    """``samples`` in order, in groups that fill at most ``total_seq_len`` shifted
+    tokens; one longer than that alone in its group."""
+    group: list[TrainingSample] = []
+    tokens = 0
+    for sample in samples:
+        shifted = max(sample.num_tokens - 1, 0)
+        if group and tokens + shifted > total_seq_len:
             yield group
+            group, tokens = [], 0
+        group.append(sample)
+        tokens += shifted
+    if group:
+        yield group
 
 
 class SpeculatorsBatch:
