@@ -19,14 +19,7 @@ import zmq
 import zmq.asyncio
 from pydantic import ValidationError
 
-from hsx.schemas.reports import (
-    CompletionReport,
-    DraftSwapReport,
-    FileReport,
-    KafkaState,
-    PromiseReport,
-    SpeculationReport,
-)
+from hsx.schemas.reports import CompletionReport, FileReport, Report
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +35,7 @@ class CompletionSender:
         self._lock = threading.Lock()
         self._socket: zmq.Socket | None = None
 
-    def send(self, report: CompletionReport | FileReport | PromiseReport | KafkaState | DraftSwapReport
-             | SpeculationReport) -> None:
+    def send(self, report: Report) -> None:
         if self._address is None:
             if isinstance(report, CompletionReport | FileReport) and not report.ok:
                 what = report.path if isinstance(report, FileReport) else report.request_id

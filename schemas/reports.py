@@ -89,3 +89,8 @@ class SpeculationReport(StrictModel):
     draft_version: NonNegativeInt
     verify_steps: NonNegativeInt
     accepted_per_position: list[NonNegativeInt]
+
+
+Report = CompletionReport | FileReport | PromiseReport | KafkaState | DraftSwapReport | SpeculationReport
+"""Any message on the report channel: what the connector sends and ``hsx serve`` reads."""
+

@@ -31,14 +31,14 @@ from hsx.schemas.reports import (
     FileReport,
     KafkaState,
     PromiseReport,
+    Report,
     SpeculationReport,
 )
 from hsx.serving.acceptance import LiveAcceptance
 
 log = logging.getLogger(__name__)
 
-_Report = CompletionReport | FileReport | PromiseReport | KafkaState | DraftSwapReport | SpeculationReport
-_REPORT: TypeAdapter[_Report] = TypeAdapter(_Report)
+_REPORT: TypeAdapter[Report] = TypeAdapter(Report)
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 CAPTURES = Counter("hsx_serve_captures",
