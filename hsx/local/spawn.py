@@ -181,6 +181,18 @@ class HsxService:
             self.kill()
             raise ServiceError(f"{self.name} did not drain within {timeout}s:\n{self.log_tail()}") from None
 
+    def drain(self, timeout: float, label: str | None = None) -> list[str]:
+        """:meth:`stop`, for a summary: what went wrong, in one line each (it had
+        exited already, did not drain within ``timeout``, or exited non-zero)."""
+        who = label or self.name
+        if self.exited() is not None:
+            return [f"{who} exited with {self.exited()} (log: {self.log_path()})"]
+        try:
+            status = self.stop(timeout=timeout)
+        except ServiceError as exc:
+            return [str(exc).splitlines()[0]]
+        return [] if status == 0 else [f"{who} exited with {status} on SIGTERM (log: {self.log_path()})"]
+
     def _tree(self) -> list[psutil.Process]:
         try:
             root = psutil.Process(self.pid)

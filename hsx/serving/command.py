@@ -49,7 +49,6 @@ from hsx.serving.pipeline import Drained, dataset_side
 from hsx.serving.plan import ServePlan, plan_from_args
 from hsx.serving.reports import ReportReceiver
 from hsx.summary import render
-from hsx.trainer.gate import decisions as gate_decisions
 
 SERVER = "vllm.entrypoints.openai.api_server"
 """vLLM's OpenAI server: the CPU wheel's ``vllm serve`` (whose CLI does not start there)."""
@@ -189,8 +188,7 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
         learning = None
         if ready and plan.learn is not None and pipeline is not None and plan.output is not None:
             learning = Learning(plan.learn, str(plan.engine.draft), plan.engine.model, plan.output,
-                                               pipeline.kafka.bootstrap, pipeline.topics.ready, logs,
-                                               accelerated=_accelerated())
+                                pipeline.kafka.bootstrap, pipeline.topics.ready, logs, accelerated=_accelerated())
             trainer = learning.trainer
             stack.callback(lambda: trainer.exited() is None and trainer.kill())
             print(f"hsx serve: learning: {trainer.log_path()}, drafts promoted to {plan.learn.drafts}",
@@ -200,7 +198,7 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
             if learning is not None:
                 learning.tick(reports.drafts, reports.acceptance)
         failures = learning.stop() if learning is not None else []
-        failures += _stop_server(server, plan)
+        failures += server.drain(plan.shutdown_timeout + 120, "vLLM's server")  # step 6
         reports.close()
         drained = (pipeline.wait_announced(reports.samples.lost) if pipeline is not None
                    else Drained(unconfirmed=reports.samples.lost))
@@ -257,17 +255,6 @@ def _answers(server: HsxService, reports: ReportReceiver) -> tuple[bool, str]:
     return True, reports.kafka_condition() or "ok"
 
 
-def _stop_server(server: HsxService, plan: ServePlan) -> list[str]:
-    """Step 6, the server's part: SIGTERM, and its exit within the drain's time."""
-    if server.exited() is not None:
-        return [f"vLLM's server exited with {server.exited()} (log: {server.log_path()})"]
-    try:
-        status = server.stop(timeout=plan.shutdown_timeout + 120)
-    except ServiceError as exc:
-        return [str(exc).splitlines()[0]]
-    return [] if status == 0 else [f"vLLM's server exited with {status} on SIGTERM (log: {server.log_path()})"]
-
-
 def _rows(plan: ServePlan, reports: ReportReceiver, drained: Drained, seconds: float,
           learning: Learning | None) -> list[tuple[str, str]]:
     """The summary table's rows."""
@@ -284,21 +271,9 @@ def _rows(plan: ServePlan, reports: ReportReceiver, drained: Drained, seconds: f
                                   + (f": {tally.errors[0]}" if tally.errors else "")),
                  (f"{name} capture lag p50 / p99", "-" if p50 is None else f"{p50:.3f} / {p99:.3f} s")]
     if plan.engine.draft is not None:
-        swapped = [d for d in reports.drafts if d.outcome == "swapped"]
-        refused = [d for d in reports.drafts if d.outcome == "refused"]
-        rows += [("draft served last", f"{swapped[-1].version} ({swapped[-1].path})" if swapped
-                  else f"0 ({plan.engine.draft})"),
-                 ("drafts swapped in", f"{len(swapped):,}"),
-                 ("drafts refused", f"{len(refused):,}" + (f": {refused[-1].reason}" if refused else "")),
-                 ("acceptance length by draft", ", ".join(f"{v}: {mean:.2f} ({n:,} requests)"
-                                                          for v, (n, mean) in reports.acceptance.totals().items())
-                  or "-")]
-    if plan.learn is not None and learning is not None:
-        judged = gate_decisions(plan.learn.drafts)
-        rows += [("checkpoints judged", ", ".join(f"{sum(d['outcome'] == o for d in judged):,} {o}"
-                                                  for o in ("promoted", "kept", "refused"))),
-                 ("drafts rolled back", f"{learning.rollbacks.count:,}"),
-                 ("trainer restarts", f"{learning.restarts:,}")]
+        rows += reports.draft_rows(plan.engine.draft)
+    if learning is not None:
+        rows += learning.rows()
     if plan.output is not None:
         rows += [("samples announced", f"{drained.announced:,}"),
                  ("samples not announced", f"{len(drained.missing):,}"),

@@ -31,12 +31,13 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
-from hsx.local.spawn import HsxService, ServiceError
+from hsx.local.spawn import HsxService
 from hsx.runtime.draft_files import publish_promoted, read_promoted
 from hsx.runtime.errors import ExitCode, UsageError
 from hsx.schemas.drafts import PromotedDraft
 from hsx.schemas.reports import DraftSwapReport
 from hsx.serving.acceptance import LiveAcceptance, regressed
+from hsx.trainer.gate import decisions
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class Learning:
                 "--checkpoint-every", str(plan.checkpoint_every), *cpu]
         self.trainer = HsxService("trainer", args, logs, health=False, python=plan.trainer_python,
                                   with_parent=True).start()
+        self.drafts = plan.drafts
         self.rollbacks = Rollbacks(plan.drafts, draft)
         self.restarts = 0
         self._next_start = 0.0
@@ -113,9 +115,17 @@ class Learning:
                   self.trainer.log_path())
         self.trainer.start()
 
+    def rows(self) -> list[tuple[str, str]]:
+        """The summary's rows on learning."""
+        judged = decisions(self.drafts)
+        return [("checkpoints judged", ", ".join(f"{sum(d['outcome'] == o for d in judged):,} {o}"
+                                                 for o in ("promoted", "kept", "refused"))),
+                ("drafts rolled back", f"{self.rollbacks.count:,}"),
+                ("trainer restarts", f"{self.restarts:,}")]
+
     def stop(self) -> list[str]:
         """Step 4, the trainer's part: SIGTERM, a checkpoint and a commit; its failure, if any."""
-        return stop_trainer(self.trainer)
+        return self.trainer.drain(600, "the trainer")
 
 
 class Rollbacks:
@@ -148,13 +158,3 @@ class Rollbacks:
         ROLLBACKS.inc()
         log.warning("%s: draft %s promoted again as version %d", reason, before_path, again)
 
-
-def stop_trainer(service: HsxService) -> list[str]:
-    """Step 4: SIGTERM, a checkpoint and a commit; its failure, if any."""
-    if service.exited() is not None:
-        return [f"the trainer exited with {service.exited()} (log: {service.log_path()})"]
-    try:
-        status = service.stop(timeout=600)
-    except ServiceError as exc:
-        return [str(exc).splitlines()[0]]
-    return [] if status == 0 else [f"the trainer exited with {status} on SIGTERM (log: {service.log_path()})"]

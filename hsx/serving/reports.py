@@ -217,6 +217,16 @@ class ReportReceiver:
             if report.seconds is not None:
                 CAPTURE_LAG.labels(output).observe(report.seconds)
 
+    def draft_rows(self, initial: str) -> list[tuple[str, str]]:
+        """The summary's rows on drafts, serving with ``initial`` first."""
+        swapped = [d for d in self.drafts if d.outcome == "swapped"]
+        refused = [d for d in self.drafts if d.outcome == "refused"]
+        by_version = ", ".join(f"{v}: {mean:.2f} ({n:,} requests)" for v, (n, mean) in self.acceptance.totals().items())
+        return [("draft served last", f"{swapped[-1].version} ({swapped[-1].path})" if swapped else f"0 ({initial})"),
+                ("drafts swapped in", f"{len(swapped):,}"),
+                ("drafts refused", f"{len(refused):,}" + (f": {refused[-1].reason}" if refused else "")),
+                ("acceptance length by draft", by_version or "-")]
+
     def _draft(self, report: DraftSwapReport) -> None:
         with self._lock:
             self.drafts.append(report)
