@@ -208,13 +208,16 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         # never scheduled: nothing complete to send; the extractor sees no completion
         # and treats the attempt as not done.
         complete = not transfer.get(DISCARD_KEY) and request.status != RequestStatus.FINISHED_ABORTED and block_ids
-        if self._promises is not None and self._swaps is not None and complete:
-            self._report_speculation(self._promises, request)
+        speculation = self._speculation(request) if complete else None
+        if self._promises is not None and speculation is not None:  # hsx serve's live acceptance per version
+            self._promises.send(SpeculationReport(draft_version=speculation.draft_version,
+                                                  verify_steps=speculation.verify_steps,
+                                                  accepted_per_position=speculation.accepted_per_position))
         file = asked.file if asked else None
         if file is not None and not complete:
             self._drops.append(file)
             file = None
-        params = self._sample_params(request, asked, transfer) if complete else None
+        params = self._sample_params(request, asked, transfer, speculation) if complete else None
         if params is None and file is None:
             return False, response or None
         capture = params.get("capture", "all") if params is not None else asked.capture if asked else "all"
@@ -228,8 +231,8 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
             self._promises.send(PromiseReport(path=file, sample_id=response.get(SAMPLE_ID_KEY)))
         return True, response or None
 
-    def _sample_params(self, request: Request, asked: Asked | None,
-                       transfer: dict[str, Any]) -> dict[str, Any] | None:
+    def _sample_params(self, request: Request, asked: Asked | None, transfer: dict[str, Any],
+                       speculation: Speculation | None) -> dict[str, Any] | None:
         """The Kafka side's ``RequestParams`` of a finished request: the
         extractor's own, or for a served request a new sample's; ``None`` when
         it sends nothing to Kafka."""
@@ -244,14 +247,7 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
             return None
         self._samples += 1
         return served_params(self._server, f"{self._server}-{self._samples}", request.request_id, asked,
-                             self._speculation(request))
-
-    def _report_speculation(self, reports: CompletionSender, request: Request) -> None:
-        """For ``hsx serve``'s live acceptance per draft version."""
-        counted = self._speculation(request)
-        assert counted is not None
-        reports.send(SpeculationReport(draft_version=counted.draft_version, verify_steps=counted.verify_steps,
-                                       accepted_per_position=counted.accepted_per_position))
+                             speculation)
 
     def _speculation(self, request: Request) -> Speculation | None:
         """What vLLM counted of the request's drafts (``--per-request-spec-decode-metrics``)."""
