@@ -62,12 +62,7 @@ from hsx.extractor.connector.request_options import Asked, read_request, served_
 from hsx.extractor.connector.files import FileWriter
 from hsx.extractor.connector.metadata import HsxConnectorMetadata, SendJob, send_job
 from hsx.extractor.connector.sender import BlockSender
-from hsx.extractor.connector.verifier_states import (
-    STATES,
-    captured_layer_ids,
-    captures_while_speculating,
-    verifier_group,
-)
+from hsx.extractor.connector.verifier_states import STATES, captured_layer_ids, captures_while_speculating
 from hsx.schemas.connector import (
     CAPTURE_ERROR_KEY,
     DISCARD_KEY,
@@ -120,11 +115,10 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         self._report_address = extra.report_address
         self._hsx_serve = extra.reports is not None  # it is also told each promise and the Kafka side's state
         self._speculating = captures_while_speculating(vllm_config)
-        """With an EAGLE-3 draft the verifier's forward passes fill a store of ours
-        (:mod:`hsx.extractor.connector.verifier_states`) indexed by its KV blocks,
-        instead of the dummy draft its cache."""
-        self._group = (verifier_group(kv_cache_config)[0] if self._speculating and kv_cache_config is not None
-                       else _hidden_state_group(kv_cache_config))
+        """With an EAGLE-3 draft the verifier's forward passes fill a cache-only layer
+        hsx adds (:mod:`hsx.extractor.connector.verifier_states`) instead of the
+        dummy draft's: the same kind of cache, in a group of its own."""
+        self._group = _hidden_state_group(kv_cache_config)
         self._block_size = (
             kv_cache_config.kv_cache_groups[self._group].kv_cache_spec.block_size
             if kv_cache_config is not None
@@ -273,7 +267,9 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
             self._swapper = DraftSwapper(self._vllm_config.speculative_config.model, STATES.runner)
         if not self._is_sending_rank():
             return
-        cache = self._verifier_store(kv_caches) if self._speculating else self._dummy_draft_cache(kv_caches)
+        if self._speculating and STATES.layer_ids != self._layer_ids:
+            raise ValueError(f"the runner captures layers {STATES.layer_ids}, the connector expects {self._layer_ids}")
+        cache = self._hidden_state_cache(kv_caches)
         if cache.dim() != 4 or cache.shape[1] != len(self._layer_ids) or cache.shape[2] != self._block_size:
             raise ValueError(
                 f"hidden-state cache {tuple(cache.shape)} is not [blocks, {len(self._layer_ids)} layers, "
@@ -295,25 +291,15 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
         # sending process's CPU in bench.datapath before it froze its heap).
         freeze_gc_heap()
 
-    def _dummy_draft_cache(self, kv_caches: dict[str, torch.Tensor]) -> torch.Tensor:
-        """``extract_hidden_states``: the dummy draft's own cache holds the rows."""
+    def _hidden_state_cache(self, kv_caches: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The cache-only layer's cache: the dummy draft's (``extract_hidden_states``),
+        or the one the runner gained to capture while speculating."""
         from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionLayer
 
         names = list(get_layers_from_vllm_config(self._vllm_config, CacheOnlyAttentionLayer, list(kv_caches)))
         if len(names) != 1:
             raise ValueError(f"expected one hidden-state cache layer, found {names}")
         return kv_caches[names[0]]
-
-    def _verifier_store(self, kv_caches: dict[str, torch.Tensor]) -> torch.Tensor:
-        """EAGLE-3: a store the verifier's forward passes fill, block for block
-        beside its KV cache (:mod:`hsx.extractor.connector.verifier_states`)."""
-        assert self._kv_cache_config is not None
-        _, slot_layer = verifier_group(self._kv_cache_config)
-        if STATES.layer_ids != self._layer_ids:
-            raise ValueError(f"the runner captures layers {STATES.layer_ids}, the connector expects {self._layer_ids}")
-        model = self._vllm_config.model_config
-        return STATES.allocate(self._kv_cache_config.num_blocks, self._block_size, model.get_hidden_size(),
-                               model.dtype, kv_caches[slot_layer].device, slot_layer)
 
     def _is_sending_rank(self) -> bool:
         """Only tensor-parallel rank 0 produces: every rank holds the same hidden states."""

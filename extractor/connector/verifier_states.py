@@ -7,11 +7,13 @@ plugin, wraps ``GPUModelRunner._setup_eagle3_aux_hidden_state_outputs`` (the CPU
 runner inherits it): where the engine speculates with ``eagle3`` and its KV
 connector is HsxConnector, the verifier also returns its last layer before the
 final norm (layer id ``num_hidden_layers``, what ``extract_hidden_states``
-stores there), and after each forward pass :data:`STATES` writes the rows of
-every layer into :class:`StateStore`, a tensor shaped like the dummy draft's
-hidden-state cache (``[blocks, layers, block_size, hidden]``), at the slots the
-verifier's KV cache gives the same tokens. The proposer still gets the draft's
-layers alone.
+stores there), and the runner gains one cache-only layer of vLLM's own
+(``CacheOnlyAttentionLayer``, the dummy draft's, named :data:`LAYER_NAME`). vLLM
+gives that layer a hidden-state KV cache group of its own (``[blocks, layers,
+block_size, hidden]``), counted in the KV budget, with a block table per request,
+freed and prefix-cached with the request's other blocks, exactly as the dummy
+draft's cache. After each forward pass :data:`STATES` writes every token's rows
+at that layer's slots. The proposer still gets the draft's layers alone.
 
 Only accepted tokens remain: a step's rejected draft tokens are written at the
 positions after the accepted ones, in the request's own blocks; vLLM rolls the
@@ -22,17 +24,16 @@ which is what the connector gathers (its blocks stay pinned until then, as with
 ``extract_hidden_states``). Prefix-cache hits share the blocks, and with them the
 rows an earlier request wrote for the same tokens.
 
-The store lives in the worker process; the connector's worker side allocates it
-(:meth:`StateStore.allocate`, in ``register_kv_caches``, on the sending rank only)
-and gathers from it, the runner writes it. Both run on vLLM's worker thread.
+The cache lives in the worker process, bound by vLLM; the connector's worker side
+gathers from it (it finds the layer as it finds the dummy draft's), the runner
+writes it. Both run on vLLM's worker thread.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -41,7 +42,10 @@ log = logging.getLogger(__name__)
 
 CONNECTOR = "HsxConnector"
 METHOD = "eagle3"
-_FIRST_LAYER = re.compile(r"(^|\.)layers\.0\.")
+LAYER_NAME = "hsx_verifier_states.1000000"
+"""The cache-only layer the runner gains: its KV cache holds the captured rows.
+vLLM orders caches by the one integer in a layer's name: this one comes after
+every layer a model or its draft has."""
 
 
 def captures_while_speculating(vllm_config: Any) -> bool:
@@ -74,65 +78,38 @@ def captured_layer_ids(vllm_config: Any) -> list[int]:
     return sorted({*draft_layer_ids(vllm_config), last})
 
 
-def verifier_group(kv_cache_config: Any) -> tuple[int, str]:
-    """The KV cache group of the verifier's attention layers and the name of its
-    first layer (``...layers.0...``), whose slot mapping places the rows. The
-    draft's layers are numbered after the verifier's, so never match."""
-    for index, group in enumerate(kv_cache_config.kv_cache_groups):
-        for name in group.layer_names:
-            if _FIRST_LAYER.search(name):
-                return index, name
-    names = [n for g in kv_cache_config.kv_cache_groups for n in g.layer_names]
-    raise ValueError(f"cannot find the verifier's first attention layer (layers.0) among {names[:8]}")
-
-
 @dataclass
 class StateStore:
-    """This worker's captured rows, indexed like the verifier's KV cache."""
+    """What this worker's runner captures, and where."""
 
     layer_ids: list[int] = field(default_factory=list)
     """Set by the runner: the layers each row holds, in this order."""
     draft_layers: int = 0
     """How many of the model's aux outputs the proposer gets (the first ones)."""
-    cache: torch.Tensor | None = None
-    """``[num_blocks, len(layer_ids), block_size, hidden]``; ``None`` where nothing captures (other ranks)."""
-    slot_layer: str = ""
-    block_size: int = 0
+    layer: Any = None
+    """The cache-only layer whose KV cache (bound by vLLM) holds the rows."""
     runner: Any = None
     """vLLM's model runner, whose drafter :mod:`hsx.extractor.connector.draft_swap` loads promoted drafts into."""
 
-    def allocate(self, num_blocks: int, block_size: int, hidden: int, dtype: torch.dtype, device: torch.device,
-                 slot_layer: str) -> torch.Tensor:
-        """The store for ``num_blocks`` blocks of the verifier's KV cache; what
-        the connector gathers from."""
-        if not self.layer_ids:
-            raise RuntimeError("the verifier's capture hook is not installed: is the hsx vLLM plugin "
-                               "(hsx_capture_while_speculating) disabled by VLLM_PLUGINS?")
-        self.cache = torch.zeros(num_blocks, len(self.layer_ids), block_size, hidden, dtype=dtype, device=device)
-        self.block_size, self.slot_layer = block_size, slot_layer
-        log.info("capturing layers %s while speculating: %.1f MiB beside the KV cache", self.layer_ids,
-                 self.cache.numel() * self.cache.element_size() / 2**20)
-        return self.cache
-
     def write(self, aux: list[torch.Tensor]) -> None:
-        """After a forward pass: each token's rows at its KV slot. Padding and
-        dummy runs have slot -1; they land in block 0, vLLM's null block, which
-        no request holds."""
-        if self.cache is None:
-            return
+        """After a forward pass: each token's rows at its slot of the layer's
+        cache. Padding and dummy runs have slot -1; they land in block 0,
+        vLLM's null block, which no request holds."""
         from vllm.forward_context import get_forward_context
+        from vllm.model_executor.models.extract_hidden_states import basic_cache
 
+        cache = self.layer.kv_cache if self.layer is not None else None
+        if cache is None or cache.numel() == 0:
+            return  # before vLLM bound the cache (the profiling run)
         mapping = get_forward_context().slot_mapping
         if isinstance(mapping, list):  # micro-batches: each has its part of the step's tokens
-            slots = torch.cat([m[self.slot_layer] for m in mapping])
+            slots = torch.cat([m[LAYER_NAME] for m in mapping])
         else:
-            slots = mapping.get(self.slot_layer) if mapping else None
+            slots = mapping.get(LAYER_NAME) if mapping else None
         if slots is None:
             return
         n = min(slots.shape[0], aux[0].shape[0])
-        slots = slots[:n].clamp(min=0)
-        rows = torch.stack([h[:n] for h in aux], dim=1).to(self.cache.dtype)
-        self.cache[slots // self.block_size, :, slots % self.block_size] = rows
+        basic_cache(torch.stack([h[:n] for h in aux], dim=1).to(cache.dtype), cache, slots[:n])
 
 
 STATES = StateStore()
@@ -159,9 +136,13 @@ def install() -> None:
 
 
 def _capture_in(runner: Any) -> None:
-    """1. Add the verifier's last layer to the aux outputs; 2. wrap the runner's
-    forward so each pass writes the rows and hands the proposer the draft's layers."""
+    """1. Add the verifier's last layer to the aux outputs; 2. add the cache-only
+    layer that holds the rows; 3. wrap the runner's forward so each pass writes
+    the rows and hands the proposer the draft's layers."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionLayer
     from vllm.sequence import IntermediateTensors
+    from vllm.utils.torch_utils import is_quantized_kv_cache
 
     model = runner.get_model()
     holder = model.get_language_model() if hasattr(model, "get_language_model") else model
@@ -172,6 +153,14 @@ def _capture_in(runner: Any) -> None:
     STATES.layer_ids = sorted({*draft, last})
     STATES.runner = runner
     STATES.draft_layers = len(draft)
+    cache_config = runner.vllm_config.cache_config
+    if is_quantized_kv_cache(cache_config.cache_dtype):  # hidden states keep the model's dtype, as the dummy draft's
+        cache_config = replace(cache_config, cache_dtype="auto")
+    # After the drafter loaded: the proposer counts as its own only the layers its loading added.
+    with set_current_vllm_config(runner.vllm_config):
+        STATES.layer = CacheOnlyAttentionLayer(num_heads=len(STATES.layer_ids),
+                                               head_size=runner.model_config.get_hidden_size(),
+                                               cache_config=cache_config, prefix=LAYER_NAME)
     hands_all = last in draft  # the draft itself reads the last layer: nothing to take away
     forward = runner._model_forward
 
