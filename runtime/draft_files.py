@@ -1,8 +1,8 @@
 """Draft checkpoints as files (speculators' layout: ``config.json`` and
 ``*.safetensors``), and what makes one a drop-in for another: what a server
 checks before it swaps a promoted draft in (``hsx.extractor.connector.draft_swap``)
-and a gate before it promotes one (``hsx.trainer.gate``). Also the pointer a gate
-publishes (``hsx.schemas.drafts.PromotedDraft``), written atomically."""
+and a gate before it promotes one (``hsx.trainer.gate``); where promoted drafts
+are published is :mod:`hsx.dataset.draft_store`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from hsx.schemas.drafts import PROMOTED_FILE, PromotedDraft
 
 CONFIG_KEYS = ("speculators_model_type", "eagle_aux_hidden_state_layer_ids", "draft_vocab_size", "target_hidden_size")
 """``config.json`` fields a drop-in has the same as the draft it replaces."""
@@ -92,18 +91,3 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
                 tensors[name] = opened.get_tensor(name)
     return tensors
 
-
-def read_promoted(drafts: Path) -> PromotedDraft | None:
-    """The drafts directory's pointer, or ``None`` where none was published."""
-    try:
-        return PromotedDraft.model_validate_json((drafts / PROMOTED_FILE).read_bytes())
-    except FileNotFoundError:
-        return None
-
-
-def publish_promoted(drafts: Path, promoted: PromotedDraft) -> None:
-    """Replace the drafts directory's pointer atomically (a server never reads half of one)."""
-    drafts.mkdir(parents=True, exist_ok=True)
-    staged = drafts / f".{PROMOTED_FILE}.tmp"
-    staged.write_text(promoted.model_dump_json(indent=2) + "\n")
-    staged.replace(drafts / PROMOTED_FILE)

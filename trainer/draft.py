@@ -132,10 +132,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "e.g. the draft a server serves), so each checkpoint is a drop-in for it; speculators' "
                              "--from-pretrained (default: a new draft)")
     gate = parser.add_argument_group("the gate (with --init-from: judge each checkpoint against the served draft)")
-    gate.add_argument("--promote-to", type=Path, metavar="DIR",
-                      help="the drafts directory servers follow (hsx serve --drafts DIR): each checkpoint is scored "
-                           "against the draft promoted there (else --init-from) on held-out served samples and "
-                           "promoted when better by --margin; decisions in DIR/decisions.jsonl")
+    gate.add_argument("--promote-to", metavar="DIR|s3://BUCKET/PREFIX",
+                      help="the drafts store servers follow (hsx serve --drafts): a directory, or an object store "
+                           "the promoted checkpoints are uploaded to; each checkpoint is scored against the draft "
+                           "promoted there (else --init-from) on held-out served samples and promoted when better "
+                           "by --margin; decisions in its decisions.jsonl")
     gate.add_argument("--holdout", type=number(0), default=0.1, metavar="SHARE",
                       help="with --promote-to: the share of sample ids kept out of training for the gate "
                            "(by hash; default %(default)s)")

@@ -54,7 +54,8 @@ def check_command_line(args: argparse.Namespace) -> dict[str, Any]:
                              "that draft, so each checkpoint is a drop-in for it")
         if not 0 < args.holdout < 1:
             raise UsageError(f"--holdout {args.holdout}: a share between 0 and 1 (exclusive) of samples to judge on")
-        writable_dir("--promote-to", args.promote_to)
+        if not is_object_store(args.promote_to):
+            writable_dir("--promote-to", Path(args.promote_to))
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UsageError("runs as one process (one GPU or the CPU); torchrun is not supported yet")
     if importlib.util.find_spec("speculators") is None:

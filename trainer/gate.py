@@ -1,8 +1,8 @@
 """The gate between training and serving: each checkpoint ``hsx train-draft``
 writes is judged against the draft the servers serve, on served samples kept
-out of training (:mod:`hsx.trainer.holdout`), and promoted to the drafts
-directory the servers follow (``hsx serve --drafts``) only when it is better by
-the operator's margin.
+out of training (:mod:`hsx.trainer.holdout`), and promoted to the drafts store
+the servers follow (``hsx serve --drafts``, a directory or ``s3://``:
+:mod:`hsx.dataset.draft_store`) only when it is better by the operator's margin.
 
 The score is teacher-forced acceptance, from the stored hidden states, with
 speculators' own draft forward and its own accuracy: at draft position k
@@ -18,14 +18,15 @@ refused with the reason and never scored.
 2. Check the checkpoint against the served draft (refused: step 5).
 3. Score the served draft and the checkpoint on the same samples.
 4. Promote when the checkpoint's acceptance length is at least the served one's
-   plus ``margin``: the pointer is replaced atomically with the next version.
-5. Record the decision (``DIR/decisions.jsonl``, one JSON object a line).
+   plus ``margin``: the checkpoint published (uploaded, to an object store) and
+   the pointer replaced whole with the next version.
+5. Record the decision (the store's ``decisions.jsonl``, one JSON object a line).
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,9 +34,9 @@ from typing import Any, Literal
 
 import torch
 
+from hsx.dataset.draft_store import DraftStore, local_copy
 from hsx.dataset.reader import open_dataset
-from hsx.runtime.draft_files import DraftRefused, checked_tensors, publish_promoted, read_config, read_promoted, \
-    tensor_shapes
+from hsx.runtime.draft_files import DraftRefused, checked_tensors, read_config, tensor_shapes
 from hsx.schemas.drafts import PromotedDraft
 from hsx.trainer.dataset import HsxDataset
 from hsx.trainer.holdout import held_out
@@ -43,8 +44,6 @@ from hsx.trainer.samples import TrainingSample
 from hsx.trainer.stream_batches import SpeculatorsBatch, packed
 
 log = logging.getLogger("hsx.trainer.draft")
-
-DECISIONS = "decisions.jsonl"
 
 
 @dataclass(frozen=True)
@@ -74,23 +73,25 @@ class Decision:
 class Gate:
     """Judges checkpoints for the servers following ``drafts``."""
 
-    def __init__(self, drafts: Path, initial: Path, dataset: str, verifier: Path, *, share: float, samples: int,
+    def __init__(self, drafts: str, initial: Path, dataset: str, verifier: Path, *, share: float, samples: int,
                  margin: float, layers: list[int], total_seq_len: int, dtype: torch.dtype, ttt_steps: int = 3,
                  attn_impl: str = "sdpa") -> None:
-        self.drafts, self.initial, self.dataset, self.verifier = drafts, initial, dataset, verifier
+        self.drafts, self.initial, self.dataset, self.verifier = DraftStore(drafts), initial, dataset, verifier
+        self._downloads = Path(tempfile.mkdtemp(prefix="hsx-gate-"))
+        """The served draft, when the store is an object store."""
         self.share, self.samples, self.margin = share, samples, margin
         self.layers, self.total_seq_len, self.dtype = layers, total_seq_len, dtype
         self.ttt_steps, self.attn_impl = ttt_steps, attn_impl
 
     def served(self) -> PromotedDraft:
         """The draft the servers serve: the pointer's, else the one they started with (version 0)."""
-        return read_promoted(self.drafts) or PromotedDraft(version=0, path=str(self.initial.resolve()))
+        return self.drafts.promoted() or PromotedDraft(version=0, path=str(self.initial.resolve()))
 
     def judge(self, checkpoint: Path) -> Decision:
         """Steps 1-5 for ``checkpoint``."""
         served = self.served()
-        served_path = Path(served.path) if Path(served.path).is_absolute() else self.drafts / served.path
         try:
+            served_path = local_copy(served.path, self._downloads, only=True)
             checked_tensors(checkpoint, read_config(served_path), tensor_shapes(served_path))
         except (DraftRefused, OSError) as exc:
             return self._record(Decision(str(checkpoint), "refused", str(exc), served.version))
@@ -103,10 +104,10 @@ class Gate:
             return self._record(Decision(str(checkpoint), "kept", f"acceptance length {candidate.acceptance_length:.3f} "
                                          f"vs {current.acceptance_length:.3f} served: {better:+.3f} < margin "
                                          f"{self.margin}", served.version, candidate, current))
-        promoted = PromotedDraft(version=served.version + 1, path=str(checkpoint.resolve()),
-                                 reason=f"gate: {candidate.acceptance_length:.3f} vs {current.acceptance_length:.3f} "
-                                        f"on {candidate.positions} held-out positions")
-        publish_promoted(self.drafts, promoted)
+        promoted = self.drafts.publish(PromotedDraft(
+            version=served.version + 1, path=str(checkpoint.resolve()),
+            reason=f"gate: {candidate.acceptance_length:.3f} vs {current.acceptance_length:.3f} on "
+                   f"{candidate.positions} held-out positions"), checkpoint)
         return self._record(Decision(str(checkpoint), "promoted", promoted.reason or "", promoted.version, candidate,
                                      current))
 
@@ -143,20 +144,17 @@ class Gate:
 
     def _record(self, decision: Decision) -> Decision:
         """Step 5."""
-        self.drafts.mkdir(parents=True, exist_ok=True)
         line = {"time": time.time(), **asdict(decision)}
         for key in ("candidate", "served"):
             score = getattr(decision, key)
             if score is not None:
                 line[key] = {**asdict(score), "acceptance_length": score.acceptance_length}
-        with (self.drafts / DECISIONS).open("a") as out:
-            out.write(json.dumps(line) + "\n")
+        self.drafts.record(line)
         log.info("gate: %s %s (%s)", decision.outcome, decision.checkpoint, decision.reason,
                  extra={"gate": decision.outcome})
         return decision
 
 
-def decisions(drafts: Path) -> list[dict[str, Any]]:
-    """The gate's decisions so far, in order."""
-    path = drafts / DECISIONS
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+def decisions(drafts: str | Path) -> list[dict[str, Any]]:
+    """The gate's decisions so far at the drafts store ``drafts``, in order."""
+    return DraftStore(drafts).decisions()

@@ -4,10 +4,13 @@ no restart: the connector's scheduler side (:class:`SwapPlan`) and worker side
 connector's metadata one way, its worker metadata, :class:`DraftWorkerMeta`,
 the other), so that every rank swaps in the same step:
 
-1. The scheduler side reads the drafts directory's pointer
-   (:class:`~hsx.schemas.drafts.PromotedDraft`, at most once a second); a
-   version other than the one served is handed to every worker to *prepare*.
-2. Each worker loads that checkpoint on a thread of its own and checks it
+1. The scheduler side reads the drafts store's pointer
+   (:class:`~hsx.schemas.drafts.PromotedDraft`, :mod:`hsx.dataset.draft_store`: a
+   directory, at most once a second, or ``s3://``, every
+   :data:`REMOTE_POLL_SECONDS`); a version other than the one served is handed
+   to every worker to *prepare*.
+2. Each worker loads that checkpoint on a thread of its own (from an object
+   store: downloaded to a folder of its own first) and checks it
    against the draft it serves (the same config: layers, vocabulary, sizes; the
    same tensors and shapes; finite values; the tensors it shares with the
    verifier unchanged); it reports the version prepared, or refused with why.
@@ -26,6 +29,9 @@ and never prepared again; the server keeps its draft.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -37,13 +43,16 @@ import torch
 from pydantic import ValidationError
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
 
+from hsx.dataset.draft_store import DraftStore, local_copy
 from hsx.runtime.draft_files import DraftRefused, checked_tensors, read_config, tensor_shapes
-from hsx.schemas.drafts import PROMOTED_FILE, PromotedDraft
+from hsx.schemas.drafts import PromotedDraft
 from hsx.schemas.reports import DraftSwapReport
 
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 1.0
+REMOTE_POLL_SECONDS = 5.0
+"""An object store's pointer is a request each time: every server polls it."""
 
 
 @dataclass
@@ -71,7 +80,8 @@ class SwapPlan:
     workers are told this step."""
 
     def __init__(self, drafts: str | None, report: Callable[[DraftSwapReport], None]) -> None:
-        self._pointer = Path(drafts) / PROMOTED_FILE if drafts else None
+        self._store = DraftStore(drafts) if drafts else None
+        self._every = REMOTE_POLL_SECONDS if self._store is not None and self._store.remote else POLL_SECONDS
         self._report = report
         self.serving = 0
         self._wanted: PromotedDraft | None = None
@@ -79,8 +89,8 @@ class SwapPlan:
         self._swap_due = False
         self._swap_sent = False
         self._refused: set[int] = set()
-        self._seen: tuple[int, int] | None = None
-        """The pointer's (mtime, size) when last read."""
+        self._seen: bytes | None = None
+        """The pointer as last read."""
         self._next_poll = 0.0
 
     def step(self) -> tuple[PromotedDraft | None, int | None]:
@@ -114,32 +124,31 @@ class SwapPlan:
             self._swap_due = True
 
     def _poll(self) -> None:
-        """1. The pointer, re-read when it changed (at most every :data:`POLL_SECONDS`)."""
+        """1. The pointer, taken up when it changed."""
         now = time.monotonic()
-        if self._pointer is None or now < self._next_poll:
+        if self._store is None or now < self._next_poll:
             return
-        self._next_poll = now + POLL_SECONDS
+        self._next_poll = now + self._every
         try:
-            stat = self._pointer.stat()
-        except FileNotFoundError:
+            pointer = self._store.pointer()
+        except Exception as exc:  # noqa: BLE001 - an unreachable store is retried, never raised into the engine
+            log.error("the drafts pointer at %s does not read: %s", self._store.location, exc)
             return
-        if (stat.st_mtime_ns, stat.st_size) == self._seen:
+        if pointer is None or pointer == self._seen:
             return
-        self._seen = (stat.st_mtime_ns, stat.st_size)
+        self._seen = pointer
         try:
-            promoted = PromotedDraft.model_validate_json(self._pointer.read_bytes())
-        except (OSError, ValidationError) as exc:
-            log.error("%s does not read as a promoted draft: %s", self._pointer, exc)
+            promoted = PromotedDraft.model_validate_json(pointer)
+        except ValidationError as exc:
+            log.error("%s's pointer does not read as a promoted draft: %s", self._store.location, exc)
             return
         if promoted.version == self.serving or promoted.version in self._refused:
             return
         if self._wanted is not None and self._wanted.version == promoted.version:
             return
-        path = Path(promoted.path)
-        resolved = path if path.is_absolute() else self._pointer.parent / path
-        self._wanted = promoted.model_copy(update={"path": str(resolved)})
+        self._wanted = promoted.model_copy(update={"path": self._store.resolve(promoted.path)})
         self._prepare_sent = self._swap_due = self._swap_sent = False
-        log.info("draft %d promoted (%s): preparing it", promoted.version, resolved)
+        log.info("draft %d promoted (%s): preparing it", promoted.version, self._wanted.path)
 
 
 # ==== worker side ======================================================================
@@ -149,6 +158,8 @@ class SwapPlan:
 class _Prepared:
     version: int
     path: str
+    """Where it was promoted (a directory or an ``s3://`` URL)."""
+    local: Path
     tensors: dict[str, torch.Tensor]
     """To load: the checkpoint's tensors less those the draft shares with the verifier."""
 
@@ -163,6 +174,9 @@ class DraftSwapper:
         self._served_shapes = tensor_shapes(Path(served))
         self.serving = 0
         self._serving_path = Path(served)
+        """The served draft's local directory."""
+        self._downloads = Path(tempfile.gettempdir()) / f"hsx-drafts-{os.getpid()}"
+        """Drafts fetched from an object store: the one served and the one prepared."""
         self._ordered: int | None = None
         """The version last ordered prepared: a slower load of an earlier order is dropped."""
         self._prepared: _Prepared | None = None
@@ -195,7 +209,10 @@ class DraftSwapper:
                 self._prepared = None
             return
         with self._lock:
-            self.serving, self._serving_path, self._prepared = version, Path(prepared.path), None
+            before, self.serving, self._serving_path, self._prepared = (self._serving_path, version, prepared.local,
+                                                                        None)
+        if before.parent == self._downloads and before != prepared.local:
+            shutil.rmtree(before, ignore_errors=True)
         log.info("draft %d (%s) swapped in, %.3f s", version, prepared.path, time.perf_counter() - started)
 
     def _reload(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -217,7 +234,8 @@ class DraftSwapper:
 
     def _load(self, promoted: PromotedDraft) -> None:
         try:
-            tensors = self._checked(Path(promoted.path))
+            local = local_copy(promoted.path, self._downloads)
+            tensors = self._checked(local)
         except Exception as exc:  # noqa: BLE001 - any reason to refuse is reported, never raised into the engine
             reason = exc.args[0] if isinstance(exc, DraftRefused) else f"does not load: {type(exc).__name__}: {exc}"
             with self._lock:
@@ -225,7 +243,7 @@ class DraftSwapper:
             return
         with self._lock:
             if self._ordered == promoted.version:  # else a newer order came meanwhile
-                self._prepared = _Prepared(promoted.version, promoted.path, tensors)
+                self._prepared = _Prepared(promoted.version, promoted.path, local, tensors)
 
     def _checked(self, path: Path) -> dict[str, torch.Tensor]:
         """The checkpoint's tensors to load, or :class:`DraftRefused` naming why not."""

@@ -36,6 +36,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from hsx.dataset.storage import is_object_store
 from hsx.extractor.cli import add_model_arguments
 from hsx.extractor.engine import EngineOptions, engine_speculative_config, kv_transfer_config
 from hsx.local.spawn import HsxService, ServiceError, cpu_engine_env
@@ -73,9 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     drafts.add_argument("--num-speculative-tokens", type=integer(1), default=EngineOptions.num_speculative_tokens,
                         metavar="K",
                         help="draft tokens a step with --draft (default %(default)s)")
-    drafts.add_argument("--drafts", metavar="DIR",
-                        help="with --draft: follow DIR/promoted.json and swap each promoted draft in while serving, "
-                             "with no restart (a checkpoint that does not fit is refused and the draft kept)")
+    drafts.add_argument("--drafts", metavar="DIR|s3://BUCKET/PREFIX",
+                        help="with --draft: follow the drafts store's promoted.json (a directory, or an object store "
+                             "a trainer promotes to) and swap each promoted draft in while serving, with no restart "
+                             "(a checkpoint that does not fit is refused and the draft kept)")
     learning = parser.add_argument_group("learning from the traffic (with --draft and --output)")
     learning.add_argument("--learn", action="store_true",
                           help="train the draft on the served samples as they come (hsx train-draft --init-from the "
@@ -167,7 +169,7 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
         if pipeline is not None:
             extra[EXTRA_CONFIG_KEY] = pipeline.connector_config(plan)
         if plan.drafts is not None:
-            extra[DRAFTS_KEY] = str(Path(plan.drafts).resolve())
+            extra[DRAFTS_KEY] = plan.drafts if is_object_store(plan.drafts) else str(Path(plan.drafts).resolve())
         server = _server(plan, extra, logs)
         stack.callback(lambda: server.exited() is None and server.kill())
         health = HealthServer(plan.health_port, ready=lambda: _answers(server, reports), host=plan.host).start()

@@ -31,8 +31,8 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
+from hsx.dataset.draft_store import DraftStore
 from hsx.local.spawn import HsxService
-from hsx.runtime.draft_files import publish_promoted, read_promoted
 from hsx.runtime.errors import ExitCode, UsageError
 from hsx.schemas.drafts import PromotedDraft
 from hsx.schemas.reports import DraftSwapReport
@@ -80,7 +80,7 @@ class Learning:
     def __init__(self, plan: LearnPlan, draft: str, model: str, dataset: str, bootstrap: str, ready_topic: str,
                  logs: Path, accelerated: bool) -> None:
         """Step 2: ``hsx train-draft`` warm-started from the draft served now."""
-        promoted = read_promoted(plan.drafts)
+        promoted = DraftStore(plan.drafts).promoted()
         start = promoted.path if promoted is not None else draft
         cpu = [] if accelerated else ["--hidden-states-dtype", "float32", "--total-seq-len", "2048",
                                       "--num-workers", "1"]
@@ -132,7 +132,7 @@ class Rollbacks:
     """Step 3: each newly served draft judged once, on its first full window."""
 
     def __init__(self, drafts: Path, initial: str) -> None:
-        self._drafts = drafts
+        self._drafts = DraftStore(drafts)
         self._initial = initial
         self._judged: set[int] = set()
         self.count = 0
@@ -148,12 +148,12 @@ class Rollbacks:
         self._judged.add(version)
         if not regressed(before, after):
             return
-        pointer = read_promoted(self._drafts)
+        pointer = self._drafts.promoted()
         again = max(pointer.version if pointer is not None else 0, version) + 1
         reason = (f"rollback of {version}: live acceptance length {after.acceptance_length:.3f} ± {after.error:.3f} "
                   f"over {after.requests} requests, draft {before_version} had {before.acceptance_length:.3f} ± "
                   f"{before.error:.3f}")
-        publish_promoted(self._drafts, PromotedDraft(version=again, path=before_path, reason=reason))
+        self._drafts.publish(PromotedDraft(version=again, path=before_path, reason=reason))
         self.count += 1
         ROLLBACKS.inc()
         log.warning("%s: draft %s promoted again as version %d", reason, before_path, again)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hsx.dataset.draft_store import DraftStore
 from hsx.dataset.storage import is_object_store
 from hsx.drafts.checkpoint import check_verifier, read_draft
 from hsx.extractor.cli import check_layout, model_and_layers
@@ -91,7 +92,10 @@ def plan_from_args(args: argparse.Namespace) -> ServePlan:
     if args.drafts is not None:
         if args.draft is None:
             raise UsageError("--drafts swaps promoted drafts in for the one a server starts with: give --draft too")
-        writable_dir("--drafts", Path(args.drafts))
+        if is_object_store(args.drafts):
+            DraftStore(args.drafts)  # one request: a wrong bucket or key is refused here, in one line
+        else:
+            writable_dir("--drafts", Path(args.drafts))
     if args.shared_storage_path is not None:
         writable_dir("--shared-storage-path", Path(args.shared_storage_path))
     if args.output is not None and not is_object_store(args.output):

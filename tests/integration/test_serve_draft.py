@@ -1,6 +1,7 @@
 """``hsx serve --draft``: serving with an EAGLE-3 draft and capturing the
 verifier's hidden states out of the forward passes that verify it, and taking
-up promoted drafts (``--drafts``) while it serves.
+up promoted drafts while it serves from a drafts store on S3 (``--drafts
+s3://...``, a real S3 server: what serving pods in Kubernetes follow).
 
 The draft is ``tiny-llama-eagle3`` (built from tiny-llama's last layer, so it is
 accepted where the verifier repeats itself and rejected elsewhere): every
@@ -38,13 +39,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hsx import models
+from hsx.dataset.draft_store import DraftStore, local_copy
 from hsx.dataset.reader import open_dataset
 from hsx.local.broker import free_port
+from hsx.local.s3service import S3Service
 from hsx.local.scrape import metric, metric_sum
-from hsx.local.spawn import HsxService
+from hsx.local.spawn import HsxService, cpu_engine_env
 from hsx.models.tiny_llama_eagle3 import AUX_LAYERS
 from hsx.reference import HFReference, max_relative_error
-from hsx.runtime.draft_files import publish_promoted, read_promoted
 from hsx.schemas.drafts import PromotedDraft
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.faults]
@@ -63,7 +65,8 @@ class Served:
     files: Path
     dataset: Path
     draft: Path
-    drafts: Path
+    drafts: str
+    """The drafts store it follows: ``s3://bucket/prefix``."""
     health_port: int
 
     def complete(self, prompt: list[int] | str, max_tokens: int = 24) -> dict[str, Any]:
@@ -78,20 +81,23 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory, s3_server: S3Service,
+           s3_bucket: str) -> Iterator[Served]:
     prepared = models.prepare(names=["tiny-llama", "tiny-llama-eagle3"])
     tmp = tmp_path_factory.mktemp("serve-draft")
     port, health_port = free_port(), free_port()
+    drafts = f"s3://{s3_bucket}/serve-draft-{tmp.name}"
     service = HsxService("serve", [
         "serve", "--model", str(prepared["tiny-llama"]), "--draft", str(prepared["tiny-llama-eagle3"]),
         "--num-speculative-tokens", str(K), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
         "--port", str(port), "--health-port", str(health_port), "--shared-storage-path", str(tmp / "files"),
-        "--output", str(tmp / "dataset"), "--bootstrap", kafka_bootstrap, "--drafts", str(tmp / "drafts")], tmp, health=False, ready_path="/health")
+        "--output", str(tmp / "dataset"), "--bootstrap", kafka_bootstrap, "--drafts", drafts], tmp, env=cpu_engine_env(**s3_server.environ()),
+        health=False, ready_path="/health")
     service.port = port
     with service:
         service.wait_ready(timeout=600)
         yield Served(service, port, prepared["tiny-llama"], tmp / "files", tmp / "dataset",
-                     prepared["tiny-llama-eagle3"], tmp / "drafts", health_port)
+                     prepared["tiny-llama-eagle3"], drafts, health_port)
 
 
 def _in_dataset(dataset: Path, sample_ids: set[str], timeout: float = 60) -> Any:
@@ -145,11 +151,12 @@ def _variant(draft: Path, to: Path, change: Any) -> Path:
     return to
 
 
-def _promote(drafts: Path, version: int, path: Path) -> None:
-    """What a gate does: the pointer replaced atomically."""
-    publish_promoted(drafts, PromotedDraft(version=version, path=str(path)))
+def _promote(drafts: str, version: int, path: Path) -> str:
+    """What a gate does: the checkpoint uploaded, then the pointer replaced; where it went."""
+    return DraftStore(drafts).publish(PromotedDraft(version=version, path=str(path)), path).path
 
 
+@pytest.mark.usefixtures("s3_env")
 def test_promoted_drafts_are_swapped_in_under_load_and_bad_ones_refused(served: Served, tmp_path: Path) -> None:
     def weaker(t: dict[str, torch.Tensor]) -> None:  # blind to the verifier's states: proposes one token always
         t["fc.weight"].zero_()
@@ -229,8 +236,9 @@ def test_promoted_drafts_are_swapped_in_under_load_and_bad_ones_refused(served: 
             thread.join(120)
     assert not failed
     log = served.service.logs()
-    for version, (reason, path) in enumerate(bad.items(), start=2):
-        assert re.search(rf"draft {version} \({re.escape(str(path))}\) refused.*{reason}", log), (reason, log[-3000:])
+    for version, reason in enumerate(bad, start=2):
+        where = re.escape(f"{served.drafts}/v{version}")
+        assert re.search(rf"draft {version} \({where}\) refused.*{reason}", log), (reason, log[-3000:])
     versions = [a["kv_transfer_params"]["draft_version"] for a in answered]
     assert set(versions) == {0, 1, 6}  # never a refused one
     for seen in per_client:  # each client's answers in order: a version once left never comes back
@@ -280,7 +288,7 @@ import json, sys, torch
 from pathlib import Path
 from hsx.trainer.gate import Gate
 drafts, initial, dataset, verifier, *checkpoints = sys.argv[1:]
-gate = Gate(Path(drafts), Path(initial), dataset, Path(verifier), share=1.0, samples=48, margin=0.2,
+gate = Gate(drafts, Path(initial), dataset, Path(verifier), share=1.0, samples=48, margin=0.2,
             layers=[1, 2, 3], total_seq_len=1024, dtype=torch.float32)
 for checkpoint in checkpoints:
     d = gate.judge(Path(checkpoint))
@@ -290,12 +298,13 @@ for checkpoint in checkpoints:
 """
 
 
+@pytest.mark.usefixtures("s3_env")
 def test_the_gate_promotes_a_better_draft_refuses_a_bad_one_and_the_server_takes_it_up(
         served: Served, tmp_path: Path) -> None:
     """The loop without its training: served samples (from the tests before),
     the gate's teacher-forced score from them, the server's swap. The gate's
     score orders the drafts as vLLM's counts do."""
-    base = read_promoted(served.drafts)
+    base = DraftStore(served.drafts).promoted()
     version = base.version + 1 if base is not None else 1
     weak = _variant(served.draft, tmp_path / "weak", lambda t: t["fc.weight"].zero_())
     _promote(served.drafts, version, weak)
@@ -311,7 +320,12 @@ def test_the_gate_promotes_a_better_draft_refuses_a_bad_one_and_the_server_takes
     assert refused["outcome"] == "refused" and "NaN or inf" in refused["reason"], refused
     assert promoted["outcome"] == "promoted" and promoted["version"] == version + 1, promoted
     assert promoted["candidate"] > promoted["served"] + 0.2, promoted  # scored on the served samples
-    assert read_promoted(served.drafts).path == str(better)  # type: ignore[union-attr]
+    published = DraftStore(served.drafts).promoted()
+    assert published is not None and published.path == f"{served.drafts}/v{version + 1}"
+    copy = local_copy(published.path, tmp_path / "downloaded")  # what the servers load: the checkpoint's bytes
+    drafted = [better / "config.json", *sorted(better.glob("*.safetensors"))]
+    assert sorted(f.name for f in copy.iterdir()) == sorted(f.name for f in drafted)
+    assert all((copy / f.name).read_bytes() == f.read_bytes() for f in drafted)
     _wait_serving(served, version + 1)
     measured["better"] = _measured(served)
     assert measured["better"] > measured["weak"] + 0.2, measured  # vLLM's counts order them as the gate did
@@ -334,6 +348,7 @@ def _measured(served: Served) -> float:
     return window.acceptance()
 
 
+@pytest.mark.usefixtures("s3_env")
 def test_train_draft_warm_starts_from_the_served_draft_and_judges_each_checkpoint(served: Served,
                                                                                  tmp_path: Path) -> None:
     """``hsx train-draft --init-from --promote-to`` on the served traffic's ready
@@ -348,7 +363,7 @@ def test_train_draft_warm_starts_from_the_served_draft_and_judges_each_checkpoin
         str(SPECULATORS_PYTHON.with_name("hsx")), "train-draft", "--bootstrap", announced.group(2),
         "--ready-topic", announced.group(1), "--group", f"loop-{tmp_path.name}", "--dataset", str(served.dataset),
         "--model", str(served.model), "--save-path", str(tmp_path / "trained"), "--init-from", str(served.draft),
-        "--promote-to", str(served.drafts), "--holdout", "0.5", "--gate-samples", "16", "--steps", "2",
+        "--promote-to", served.drafts, "--holdout", "0.5", "--gate-samples", "16", "--steps", "2",
         "--checkpoint-every", "2", "--total-seq-len", "256", "--hidden-states-dtype", "float32",
         "--num-workers", "0", "--exit-when-idle", "5", "--lr", "1e-4"],
         capture_output=True, text=True, timeout=600, check=False)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hsx.runtime.draft_files import publish_promoted, read_promoted
+from hsx.dataset.draft_store import DraftStore
 from hsx.schemas.drafts import PromotedDraft
 from hsx.schemas.reports import DraftSwapReport, SpeculationReport
 from hsx.serving.acceptance import LiveAcceptance, regressed
@@ -49,7 +49,7 @@ def test_a_worse_draft_is_rolled_back_once_and_only_beyond_the_noise(tmp_path: P
                                                                      rolled_back: bool) -> None:
     live = LiveAcceptance(window=64)
     _serve(live, 0, before, 64, seed=1)
-    publish_promoted(tmp_path, PromotedDraft(version=1, path="/drafts/new"))
+    DraftStore(tmp_path).publish(PromotedDraft(version=1, path="/drafts/new"))
     swaps = [DraftSwapReport(version=1, path="/drafts/new", outcome="swapped")]
     rollbacks = Rollbacks(tmp_path, "/drafts/first")
     rollbacks.check(swaps, live)  # the new draft has no full window yet
@@ -58,7 +58,7 @@ def test_a_worse_draft_is_rolled_back_once_and_only_beyond_the_noise(tmp_path: P
     rollbacks.check(swaps, live)
     rollbacks.check(swaps, live)  # judged once
     assert rollbacks.count == int(rolled_back)
-    pointer = read_promoted(tmp_path)
+    pointer = DraftStore(tmp_path).promoted()
     assert pointer is not None
     if rolled_back:
         assert (pointer.version, pointer.path) == (2, "/drafts/first") and "rollback of 1" in (pointer.reason or "")
