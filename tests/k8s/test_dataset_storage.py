@@ -75,7 +75,7 @@ def test_prod_has_no_dataset_volume() -> None:
     manifests = Manifests("prod")
     claims = {d["metadata"]["name"] for d in manifests.of_kind("PersistentVolumeClaim")}
     assert DATASET_CLAIM not in claims
-    assert claims == {"models"}, "prod's only volume is the models the extractors read"
+    assert claims == {"models", "hsx-trainer"}, "prod's volumes: the models, and the trainer's checkpoints"
     spec, container = _sink(manifests)
     assert not [v for v in spec.get("volumes", []) if "persistentVolumeClaim" in v or "hostPath" in v], \
         "the sink writes to the bucket only"

@@ -196,3 +196,19 @@ def test_the_serving_component_sends_to_the_cluster_sinks(manifests: Manifests) 
         assert named[api["targetPort"]] == args.port
         # vLLM's drain, then the captures' last acknowledgements.
         assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > args.shutdown_timeout + 60
+
+
+def test_the_trainer_promotes_where_the_servers_follow(manifests: Manifests) -> None:
+    """components/learning: one trainer (the drafts store has one writer) training the
+    draft the servers start with, for their verifier, on the dataset their samples join,
+    promoting to the store they follow."""
+    trainers = [d for d in manifests.of_kind("Deployment") if d["metadata"]["name"] == "hsx-trainer"]
+    assert trainers or manifests.overlay != "prod", "the prod overlay includes components/learning"
+    for trainer in trainers:
+        assert trainer["spec"]["replicas"] == 1 and trainer["spec"]["strategy"]["type"] == "Recreate"
+        train = _parse(manifests, _container(manifests, "hsx-trainer"))
+        serve = _parse(manifests, _container(manifests, "hsx-serve"))
+        sink = _parse(manifests, _container(manifests, "hsx-sink"))
+        assert train.command == "train-draft" and train.promote_to.startswith("s3://")
+        assert serve.drafts == train.promote_to and serve.draft == str(train.init_from)
+        assert serve.model == str(train.model) and train.dataset == sink.output
