@@ -39,6 +39,9 @@ created under ``__main__`` and must not outlive their section):
 * ``bench.online_feed``: samples/s a trainer gets from a served model:
   speculators' synchronous online loop against ``hsx serve``, and
   ``hsx train-draft``'s reader of the ready events of the same rows as traffic.
+* ``bench.loop``: the learning loop: a chat-trained SmolLM2 draft served static
+  and with ``--learn`` to a stream of code requests, acceptance per window;
+  capture while speculating ÷ speculating alone.
 
     python -m bench [--quick] [--preload iomp|gomp] [--only SECTION ...]
 """
@@ -65,7 +68,7 @@ from hsx.local.spawn import cpu_engine_env
 
 SECTIONS = ["stages", "extraction", "pipeline", "generation", "sink_scale", "dataset_codecs", "object_store", "datapath",
             "encode_floor", "upload_signing", "memory_policy", "direct_write", "pipeline_by_reference", "serve",
-            "serve_sink", "online_feed"]
+            "serve_sink", "online_feed", "loop"]
 OPTIONAL_SECTIONS = ["acceptance"]
 """Run only when named in ``--only``: hours of training on two cores."""
 ROOT = Path(__file__).resolve().parent.parent

@@ -236,12 +236,17 @@ def evaluate(work: Work, name: str, draft: Path, key: str | None = None,
     return {f"acceptance_{key or name}_{figure}": result[figure] for figure in keys if figure in result}
 
 
-def untrained(work: Work) -> dict[str, Any]:
+def untrained_draft(work: Work) -> Path:
+    """speculators' ``--dry-run`` draft of the export: initialized, never trained."""
     draft = work.draft("untrained")
     if not (draft / "config.json").exists():
         run_logged([str(Path(speculators_python()).with_name("speculators")), "train",
                     *train_flags(work, "untrained", data="offline"), "--dry-run"], work.log("untrained"))
-    return evaluate(work, "untrained", draft)
+    return draft
+
+
+def untrained(work: Work) -> dict[str, Any]:
+    return evaluate(work, "untrained", untrained_draft(work))
 
 
 def train_arm(work: Work, arm: str, epochs: int | None = None) -> dict[str, Any]:

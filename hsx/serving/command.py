@@ -233,17 +233,21 @@ def _accelerated() -> bool:
     return torch.cuda.is_available()
 
 
-def _server(plan: ServePlan, extra: dict[str, Any], logs: Path) -> HsxService:
-    """Step 4: vLLM's server, started, with the CPU defaults in its environment."""
+def server_env(plan: ServePlan) -> dict[str, str]:
+    """vLLM's server's environment: this one with the CPU defaults for its engine."""
     from hsx.extractor.cpu_defaults import apply_cpu_defaults
 
     # Into os.environ, which the child inherits. vLLM's server keeps its own executor (on CPU, a Worker
     # process): the defaults must not plan for a worker inside EngineCore, which only hsx extract sets up.
     executor = {**plan.engine.engine_args, "distributed_executor_backend": "mp"}
     apply_cpu_defaults(dataclasses.replace(plan.engine, engine_args=executor))
-    env = cpu_engine_env(**({"VLLM_API_KEY": plan.api_key} if plan.api_key else {}))
-    server = HsxService("vllm-server", server_argv(plan, extra), logs, env=env, health=False, module=SERVER,
-                        ready_path="/health", with_parent=True)
+    return cpu_engine_env(**({"VLLM_API_KEY": plan.api_key} if plan.api_key else {}))
+
+
+def _server(plan: ServePlan, extra: dict[str, Any], logs: Path) -> HsxService:
+    """Step 4: vLLM's server, started, with the CPU defaults in its environment."""
+    server = HsxService("vllm-server", server_argv(plan, extra), logs, env=server_env(plan), health=False,
+                        module=SERVER, ready_path="/health", with_parent=True)
     server.port = plan.port
     return server.start()
 

@@ -91,8 +91,8 @@ def served(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory, s3_se
         "serve", "--model", str(prepared["tiny-llama"]), "--draft", str(prepared["tiny-llama-eagle3"]),
         "--num-speculative-tokens", str(K), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
         "--port", str(port), "--health-port", str(health_port), "--shared-storage-path", str(tmp / "files"),
-        "--output", str(tmp / "dataset"), "--bootstrap", kafka_bootstrap, "--drafts", drafts], tmp, env=cpu_engine_env(**s3_server.environ()),
-        health=False, ready_path="/health")
+        "--output", str(tmp / "dataset"), "--bootstrap", kafka_bootstrap, "--drafts", drafts],
+        tmp, env=cpu_engine_env(**s3_server.environ()), health=False, ready_path="/health")
     service.port = port
     with service:
         service.wait_ready(timeout=600)
