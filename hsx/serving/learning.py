@@ -24,12 +24,13 @@ checkpoint on held-out served samples and promotes the better ones to
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from hsx.dataset.draft_store import DraftStore
 from hsx.local.spawn import HsxService
@@ -37,15 +38,23 @@ from hsx.runtime.errors import ExitCode, UsageError
 from hsx.schemas.drafts import PromotedDraft
 from hsx.schemas.reports import DraftSwapReport
 from hsx.serving.acceptance import LiveAcceptance, regressed
-from hsx.trainer.gate import decisions
 
 log = logging.getLogger(__name__)
 
 ROLLBACKS = Counter("hsx_serve_draft_rollbacks", "Promoted drafts rolled back: their live acceptance fell below the "
                     "draft before them by more than the noise")
 
+TRAINER_STEP = Gauge("hsx_serve_trainer_step", "The trainer's latest training step")
+TRAINER_LOSS = Gauge("hsx_serve_trainer_loss", "The trainer's loss at its latest step")
+GATE_DECISIONS = Gauge("hsx_serve_gate_decisions", "Checkpoints the gate judged, by outcome", ["outcome"])
+OUTCOMES = ("promoted", "kept", "refused")
+
 FOREVER = 10**9
 """``--steps`` of a trainer that runs as long as the server does."""
+STEP_LINE = re.compile(rb"step (\d+): loss (\S+),")
+"""The trainer's line for each step (``hsx.trainer.online_trainer``)."""
+METRICS_EVERY = 5.0
+""":meth:`Learning.tick` reads the trainer's log and the gate's decisions this often, in seconds."""
 
 
 @dataclass(frozen=True)
@@ -91,15 +100,22 @@ class Learning:
                 "--checkpoint-every", str(plan.checkpoint_every), *cpu]
         self.trainer = HsxService("trainer", args, logs, health=False, python=plan.trainer_python,
                                   with_parent=True).start()
-        self.drafts = plan.drafts
         self.rollbacks = Rollbacks(plan.drafts, draft)
         self.restarts = 0
         self._next_start = 0.0
         self._gave_up = False
+        self._progress = TrainerProgress()
+        self._next_metrics = 0.0
 
     def tick(self, reports: list[DraftSwapReport], live: LiveAcceptance) -> None:
-        """Step 3."""
+        """Step 3, and the learning metrics."""
         self.rollbacks.check(reports, live)
+        if time.monotonic() >= self._next_metrics:
+            self._next_metrics = time.monotonic() + METRICS_EVERY
+            self._progress.read(self.trainer.log_path())
+            judged = self.rollbacks.store.decisions()
+            for outcome in OUTCOMES:
+                GATE_DECISIONS.labels(outcome).set(sum(d["outcome"] == outcome for d in judged))
         status = self.trainer.exited()
         if status is None or time.monotonic() < self._next_start:
             return
@@ -117,9 +133,9 @@ class Learning:
 
     def rows(self) -> list[tuple[str, str]]:
         """The summary's rows on learning."""
-        judged = decisions(self.drafts)
+        judged = self.rollbacks.store.decisions()
         return [("checkpoints judged", ", ".join(f"{sum(d['outcome'] == o for d in judged):,} {o}"
-                                                 for o in ("promoted", "kept", "refused"))),
+                                                 for o in OUTCOMES)),
                 ("drafts rolled back", f"{self.rollbacks.count:,}"),
                 ("trainer restarts", f"{self.restarts:,}")]
 
@@ -132,7 +148,7 @@ class Rollbacks:
     """Step 3: each newly served draft judged once, on its first full window."""
 
     def __init__(self, drafts: Path, initial: str) -> None:
-        self._drafts = DraftStore(drafts)
+        self.store = DraftStore(drafts)
         self._initial = initial
         self._judged: set[int] = set()
         self.count = 0
@@ -148,13 +164,39 @@ class Rollbacks:
         self._judged.add(version)
         if not regressed(before, after):
             return
-        pointer = self._drafts.promoted()
+        pointer = self.store.promoted()
         again = max(pointer.version if pointer is not None else 0, version) + 1
         reason = (f"rollback of {version}: live acceptance length {after.acceptance_length:.3f} ± {after.error:.3f} "
                   f"over {after.requests} requests, draft {before_version} had {before.acceptance_length:.3f} ± "
                   f"{before.error:.3f}")
-        self._drafts.publish(PromotedDraft(version=again, path=before_path, reason=reason))
+        self.store.publish(PromotedDraft(version=again, path=before_path, reason=reason))
         self.count += 1
         ROLLBACKS.inc()
         log.warning("%s: draft %s promoted again as version %d", reason, before_path, again)
 
+
+
+class TrainerProgress:
+    """The trainer's latest step and loss, from its log as it grows (each
+    incarnation's log read from where the last read stopped)."""
+
+    def __init__(self) -> None:
+        self._path: Path | None = None
+        self._offset = 0
+
+    def read(self, log: Path) -> None:
+        if log != self._path:
+            self._path, self._offset = log, 0
+        try:
+            with log.open("rb") as source:
+                source.seek(self._offset)
+                text = source.read()
+        except FileNotFoundError:
+            return
+        complete = text.rfind(b"\n") + 1  # a line still being written is read next time
+        self._offset += complete
+        steps = STEP_LINE.findall(text[:complete])
+        if steps:
+            step, loss = steps[-1]
+            TRAINER_STEP.set(int(step))
+            TRAINER_LOSS.set(float(loss))

@@ -24,6 +24,7 @@ import pytest
 from hsx import models
 from hsx.dataset.reader import open_dataset
 from hsx.local.broker import free_port
+from hsx.local.scrape import metric, metric_sum
 from hsx.local.spawn import HsxService, cpu_engine_env
 from hsx.trainer.gate import decisions
 
@@ -76,12 +77,12 @@ def _trainer(serve: HsxService) -> psutil.Process:
 
 def test_learn_trains_judges_survives_a_killed_trainer_and_stops_cleanly(tmp_path: Path) -> None:
     prepared = models.prepare(names=["tiny-llama", "tiny-llama-eagle3"])
-    model, port = prepared["tiny-llama"], free_port()
+    model, port, health = prepared["tiny-llama"], free_port(), free_port()
     output, save = tmp_path / "dataset", tmp_path / "loop"
     env = {k: v for k, v in cpu_engine_env().items() if not k.startswith(("VLLM_", "HSX_")) or k == models.CACHE_DIR_ENV}
     serve = HsxService("serve", ["serve", "--model", str(model), "--draft", str(prepared["tiny-llama-eagle3"]),
                                  "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
-                                 "--port", str(port), "--health-port", str(free_port()), "--output", str(output),
+                                 "--port", str(port), "--health-port", str(health), "--output", str(output),
                                  "--learn", "--save-path", str(save), "--checkpoint-every", "1"],
                        tmp_path, env=env, health=False, ready_path="/health")
     serve.port = port
@@ -98,6 +99,9 @@ def test_learn_trains_judges_survives_a_killed_trainer_and_stops_cleanly(tmp_pat
             _until(lambda: re.search(r"step (\d+):", (logs / "trainer.2.log").read_text()) is not None,
                    "the restarted trainer never stepped")
             assert len(answered) > served_then  # served on meanwhile
+            # The trainer's progress and the gate's decisions on the health port.
+            _until(lambda: metric(health, "hsx_serve_trainer_step") >= 1, "no trainer step on /metrics", 60)
+            assert metric_sum(health, "hsx_serve_gate_decisions") >= 1
         serve.signal(signal.SIGTERM)
         status = serve.wait(600)
     log = serve.logs()
