@@ -96,6 +96,8 @@ from hsx.trainer.stream_batches import PackedSamples, SpeculatorsBatch, StreamEp
 log = logging.getLogger(__name__)
 
 TOKEN_FREQ = "token_freq.pt"
+UNTIL_STOPPED = 10**9
+"""Epochs (of ``--checkpoint-every`` steps each) of a run without ``--steps``."""
 """speculators' name for the token counts its vocabulary mapping is built from."""
 
 
@@ -112,8 +114,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-path", required=True, type=Path,
                         help="checkpoint directory (speculators' layout: SAVE/<n>/ every --checkpoint-every "
                              "steps); a run with one there resumes from its last checkpoint")
-    parser.add_argument("--steps", required=True, type=integer(1), metavar="N",
-                        help="optimizer steps in all (a resumed run counts the steps before it)")
+    parser.add_argument("--steps", type=integer(1), metavar="N",
+                        help="optimizer steps in all (a resumed run counts the steps before it), the learning rate "
+                             "warmed up and decayed over them; default: train until stopped (SIGTERM), at a constant "
+                             "learning rate (the online loop: hsx serve --learn, the trainer Deployment)")
     parser.add_argument("--checkpoint-every", type=integer(1), default=500, metavar="N",
                         help="steps per checkpoint; the offsets are committed after each (default %(default)s)")
     parser.add_argument("--max-samples", type=integer(1), metavar="M",
@@ -219,7 +223,8 @@ def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafk
     # speculators resumes at the epoch after the last checkpoint, which may have ended early (the
     # stream went idle): the epochs left are counted from the steps left.
     done_epochs, done_steps = (resumed.epoch + 1, resumed.global_step) if resumed else (0, 0)
-    epochs = done_epochs + max(0, math.ceil((args.steps - done_steps) / args.checkpoint_every))
+    epochs = (done_epochs + max(0, math.ceil((args.steps - done_steps) / args.checkpoint_every))
+              if args.steps is not None else UNTIL_STOPPED)
     cfg = TrainConfig.from_flat({
         "speculator_type": "eagle3", "seed": args.seed, "verifier_name_or_path": str(args.model.resolve()),
         "target_layer_ids": list(layout.aux), "draft_vocab_size": args.draft_vocab_size,
@@ -232,6 +237,8 @@ def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafk
                                                              else CPU_DEFAULTS["--loss-implementation"]),
         "optimizer": args.optimizer or ("muon" if accelerated else CPU_DEFAULTS["--optimizer"]),
         "epochs": epochs, "checkpoint_freq": 1, "max_steps": args.steps,
+        # A schedule over steps no one knows would warm up for ever (1 % of them): constant instead.
+        **({"scheduler_type": "none"} if args.steps is None else {}),
         # --init-from: the draft's own config, weights and vocabulary mapping (its d2t and t2d tensors).
         **({"from_pretrained": str(args.init_from.resolve()), "draft_vocab_size": None} if args.init_from else {})})
     spec = argparse.Namespace(**cfg.flatten())
@@ -298,7 +305,7 @@ def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafk
     print(f"train-draft: {steps} steps on {epochs_view.handed_out} samples in {seconds:.1f}s "
           f"({seconds / steps:.2f} s/step), loss {steps_log.losses[0]:.4f} -> {steps_log.losses[-1]:.4f}; "
           f"{why}; step {trainer.global_step}, checkpoint {trainer.saved}")
-    if trainer.global_step < args.steps:  # warm-up and decay were laid out over --steps
+    if args.steps is not None and trainer.global_step < args.steps:  # warm-up and decay were laid out over --steps
         log.warning("the learning rate's schedule spans --steps %d and training stopped at step %d (%.0f %%): for a "
                     "draft trained to the end of its schedule, give --steps about the steps the stream makes",
                     args.steps, trainer.global_step, 100 * trainer.global_step / args.steps)

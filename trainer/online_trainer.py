@@ -49,7 +49,8 @@ def online_trainer_class() -> type:
                     self._commit(self.saved)
                     if self.on_checkpoint is not None:
                         self.on_checkpoint(self.saved)
-                if self.epochs.ended or self.global_step >= self.config.max_steps:
+                max_steps = self.config.max_steps  # None: until stopped
+                if self.epochs.ended or (max_steps is not None and self.global_step >= max_steps):
                     break
 
         def _commit(self, checkpoint: Path) -> None:

@@ -49,8 +49,6 @@ TRAINER_LOSS = Gauge("hsx_serve_trainer_loss", "The trainer's loss at its latest
 GATE_DECISIONS = Gauge("hsx_serve_gate_decisions", "Checkpoints the gate judged, by outcome", ["outcome"])
 OUTCOMES = ("promoted", "kept", "refused")
 
-FOREVER = 10**9
-"""``--steps`` of a trainer that runs as long as the server does."""
 STEP_LINE = re.compile(rb"step (\d+): loss (\S+),")
 """The trainer's line for each step (``hsx.trainer.online_trainer``)."""
 METRICS_EVERY = 5.0
@@ -96,7 +94,7 @@ class Learning:
         args = ["train-draft", "--bootstrap", bootstrap, "--ready-topic", ready_topic,
                 "--group", f"learn-{ready_topic}", "--dataset", dataset, "--model", model,
                 "--save-path", str(plan.save_path / "trainer" / ready_topic), "--init-from", start,
-                "--promote-to", str(plan.drafts), "--margin", str(plan.margin), "--steps", str(FOREVER),
+                "--promote-to", str(plan.drafts), "--margin", str(plan.margin),
                 "--checkpoint-every", str(plan.checkpoint_every), *cpu]
         self.trainer = HsxService("trainer", args, logs, health=False, python=plan.trainer_python,
                                   with_parent=True).start()
