@@ -77,7 +77,8 @@ class Gate:
                  margin: float, layers: list[int], total_seq_len: int, dtype: torch.dtype, ttt_steps: int = 3,
                  attn_impl: str = "sdpa") -> None:
         self.drafts, self.initial, self.dataset, self.verifier = DraftStore(drafts), initial, dataset, verifier
-        self._downloads = Path(tempfile.mkdtemp(prefix="hsx-gate-"))
+        self._downloads_dir = tempfile.TemporaryDirectory(prefix="hsx-gate-")  # removed at exit
+        self._downloads = Path(self._downloads_dir.name)
         """The served draft, when the store is an object store."""
         self.share, self.samples, self.margin = share, samples, margin
         self.layers, self.total_seq_len, self.dtype = layers, total_seq_len, dtype

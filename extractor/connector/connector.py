@@ -351,6 +351,8 @@ class HsxConnector(KVConnectorBase_V1, SupportsHMA):
             self._promises.close()
         if self._captures is not None:
             self._captures.close()
+        if self._swapper is not None:
+            self._swapper.close()
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:

@@ -227,6 +227,10 @@ class DraftSwapper:
         model.load_weights(tensors.items())
         finalize_layerwise_reload(model, self._runner.vllm_config.speculative_config.draft_model_config)
 
+    def close(self) -> None:
+        """The drafts downloaded from an object store go with the engine."""
+        shutil.rmtree(self._downloads, ignore_errors=True)
+
     def meta(self) -> DraftWorkerMeta:
         with self._lock:
             prepared = self._prepared.version if self._prepared is not None else None
