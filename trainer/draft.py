@@ -246,6 +246,8 @@ def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafk
     cfg.save(save)
     d2t, t2d, draft_vocab_size = parse_vocab_mappings(spec)
     model = build_draft_model(spec, Eagle3DraftModel, t2d, d2t, draft_vocab_size)
+    if args.init_from is not None:  # weights in float32, as a new draft's, whatever dtype it was saved in (bf16)
+        model = model.float()
     train_kwargs, val_kwargs = Eagle3DraftModel.get_trainer_kwargs(**vars(spec))
     dtype = getattr(torch, spec.hidden_states_dtype)
     # As speculators' own main() builds it, from the same resolved config.

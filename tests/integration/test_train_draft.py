@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from hsx import cli, models
@@ -166,12 +166,18 @@ def test_trains_speculators_draft_online_commits_what_it_trained_and_resumes(
 
 def test_a_draft_warm_started_from_a_served_one_stays_a_drop_in_for_it(
         tmp_path: Path, kafka: KafkaSettings, tiny: Path, speculators_hsx: Path, cache_dir: Path) -> None:
-    """``--init-from`` the draft a server serves (``hsx serve --draft``): the
-    checkpoints keep its config, vocabulary and tensors (the checks a server
-    runs before it swaps a draft in pass), and start from its weights."""
+    """``--init-from`` the draft a server serves (``hsx serve --draft``), saved in
+    bfloat16 as speculators saves its checkpoints, trained on float32 hidden
+    states: the checkpoints keep its config, vocabulary and tensors (the checks a
+    server runs before it swaps a draft in pass), and start from its weights."""
     from hsx.runtime.draft_files import DraftRefused, checked_tensors, read_config, tensor_shapes
 
-    served = models.prepare(cache_dir, names=["tiny-llama-eagle3"])["tiny-llama-eagle3"]
+    built = models.prepare(cache_dir, names=["tiny-llama-eagle3"])["tiny-llama-eagle3"]
+    served = tmp_path / "served"
+    served.mkdir()
+    save_file({n: t.to(torch.bfloat16) for n, t in load_file(built / "model.safetensors").items()},
+              str(served / "model.safetensors"))
+    (served / "config.json").write_text(json.dumps({**read_config(built), "dtype": "bfloat16"}))
     config = json.loads((tiny / "config.json").read_text())
     events = write_training_dataset(tmp_path / "ds", TrainingDataSpec(
         samples=SAMPLES, min_tokens=16, max_tokens=30, layer_ids=(1, 2, 3, config["num_hidden_layers"]),
