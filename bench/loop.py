@@ -26,8 +26,11 @@ draft served static, on traffic the draft never saw (SmolLM2-135M-Instruct, CPU,
    counters (``vllm:spec_decode_*`` on the server's ``/metrics``, read at the
    window's ends), output tokens/s, the draft versions that answered; per arm:
    failed requests, swaps, gate decisions, trainer steps. The trainer shares the
-   server's two cores here (a pod of its own in production): the loop's tokens/s
-   carry that.
+   server's two cores here (a pod of its own in production), where it trains
+   about one sample for five the server answers: between two windows the loop
+   waits until it has trained on what was served and the gate has judged its
+   latest checkpoint (:func:`catch_up`; ``catch_up_s``, outside the window's
+   tokens/s), as a trainer on hardware of its own would keep up.
 4. ``capture``: capture while speculating ÷ speculating alone: vLLM's own server
    with the static draft and hsx serve's flags minus its connector, and ``hsx
    serve --draft --output``, up together; bursts of code requests at c = 1 and 8
@@ -37,7 +40,8 @@ draft served static, on traffic the draft never saw (SmolLM2-135M-Instruct, CPU,
 The windows' acceptance lengths are drawn in ``docs/learning.md`` (a Mermaid
 chart between the ``bench.loop`` markers) and tabled in ``docs/benchmarks.md``.
 
-    python -m bench.loop [--quick] [--static DIR] [--arms [ARM ...]] [--no-capture] [--work DIR] [--out FILE]
+    python -m bench.loop [--quick] [--static DIR] [--arms [ARM ...]] [--no-capture] [--stream N] [--work DIR]
+                         [--out FILE]
 
 Run on its own (no ``--out``), its figures are merged into ``bench/results.json``
 and ``docs/benchmarks.md`` rendered again. Each arm's figures are kept in
@@ -56,7 +60,7 @@ import time
 from argparse import Namespace
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +72,7 @@ from bench.acceptance import QUICK, ROOT, Scale, Work, ensure, model_dir, train_
 from bench.section import emit, parser
 from bench.sink_scale import publish
 from hsx.local.broker import free_port
+from hsx.local.scrape import metric
 from hsx.local.spawn import HsxService, cpu_engine_env
 from hsx.serving.command import SERVER, add_arguments, server_argv, server_env
 from hsx.serving.plan import plan_from_args
@@ -95,6 +100,10 @@ WARM_UP = 8
 """Chat requests (the static draft's evaluation prompts) each server answers
 before the stream, untimed: a new server's first requests pay its warm-up."""
 CHECKPOINT_EVERY = 10
+CAUGHT_UP = 0.9
+"""The share of served requests the loop's trainer trains on: the rest is held out for the gate."""
+CAUGHT_UP_SLACK = 32
+"""Samples a trainer that caught up may still owe: those waiting to fill a packed batch."""
 ARMS = ("static", "loop", "untrained")
 MODEL_LEN = "2048"
 CHART_MARKERS = ("<!-- bench.loop chart: begin -->", "<!-- bench.loop chart: end -->")
@@ -105,7 +114,7 @@ CHART_MARKERS = ("<!-- bench.loop chart: begin -->", "<!-- bench.loop chart: end
 
 @dataclass(frozen=True)
 class Counters:
-    """vLLM's speculative-decoding counters and generated tokens, at one moment."""
+    """vLLM's speculative-decoding counters at one moment: drafts (verify steps), accepted tokens, by position."""
 
     drafts: float
     accepted: float
@@ -163,11 +172,11 @@ def window_figures(responses: list[dict[str, Any] | None], seconds: float, befor
 # -- the servers ----------------------------------------------------------------------------------
 
 
-def hsx_serve(name: str, draft: Path, work: Path, learn: bool) -> HsxService:
+def hsx_serve(name: str, draft: Path, work: Path, learn: bool, health: int = 0) -> HsxService:
     """``hsx serve --draft`` as a user runs it, its dataset (and loop) under ``work``."""
     port = free_port()
     args = ["serve", "--model", str(model_dir()), "--draft", str(draft), "--max-model-len", MODEL_LEN,
-            "--port", str(port), "--health-port", str(free_port()), "--output", str(work / "dataset")]
+            "--port", str(port), "--health-port", str(health or free_port()), "--output", str(work / "dataset")]
     if learn:
         args += ["--learn", "--save-path", str(work / "loop"), "--checkpoint-every", str(CHECKPOINT_EVERY)]
     service = HsxService(name, args, work, env=cpu_engine_env(), health=False, ready_path="/health")
@@ -207,7 +216,8 @@ def run_arm(name: str, draft: Path, learn: bool, stream: list[dict[str, Any]], w
     model = str(model_dir())
     windows: list[dict[str, Any]] = []
     started = time.monotonic()
-    with hsx_serve(name, draft, work, learn) as serve:
+    health = free_port()
+    with hsx_serve(name, draft, work, learn, health) as serve:
         serve.wait_ready(timeout=900)
         url = url_of(serve)
         send(url, model, warm_up, sizes.max_tokens, CONCURRENCY)
@@ -215,6 +225,9 @@ def run_arm(name: str, draft: Path, learn: bool, stream: list[dict[str, Any]], w
             before = Counters.read(url)
             responses, seconds = send(url, model, stream[start:start + sizes.window], sizes.max_tokens, CONCURRENCY)
             windows.append(window_figures(responses, seconds, before, Counters.read(url)))
+            if learn:
+                windows[-1]["catch_up_s"] = catch_up(health, len(warm_up) + start + len(responses),
+                                                     work / "loop" / "drafts")
             print(f"[bench.loop] {name} requests {start + len(responses)}/{len(stream)}: {windows[-1]}", flush=True)
         serve.signal(signal.SIGTERM)
         status = serve.wait(900)
@@ -233,6 +246,20 @@ def run_arm(name: str, draft: Path, learn: bool, stream: list[dict[str, Any]], w
                  for n in re.findall(r"step (\d+):", path.read_text(errors="replace"))]
         figures["trainer_steps"] = max(steps, default=0)
     return figures
+
+
+def catch_up(health: int, served: int, drafts: Path, timeout: float = 900) -> float:
+    """Wait until the trainer has trained on what was served (:data:`CAUGHT_UP`,
+    less :data:`CAUGHT_UP_SLACK`) and the gate has judged its latest checkpoint:
+    a trainer on hardware of its own keeps up with its server, this one shares
+    the server's two cores. The seconds waited (not in the window's tokens/s)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        trained, step = metric(health, "hsx_serve_trainer_samples"), metric(health, "hsx_serve_trainer_step")
+        if trained >= CAUGHT_UP * served - CAUGHT_UP_SLACK and len(decisions(drafts)) >= step // CHECKPOINT_EVERY:
+            break
+        time.sleep(2)
+    return round(time.monotonic() - started, 1)
 
 
 def requests_to_reach(arm: list[dict[str, Any]], target: list[dict[str, Any]], window: int) -> int | None:
@@ -314,6 +341,8 @@ def summarize(arms: dict[str, dict[str, Any]], window: int) -> dict[str, Any]:
         for key in ("gate", "rollbacks", "trainer_steps", "seconds"):
             if key in arm:
                 figures[f"loop_{name}_{key}"] = arm[key]
+        if any("catch_up_s" in w for w in arm["windows"]):
+            figures[f"loop_{name}_catch_up_s"] = round(sum(w.get("catch_up_s", 0) for w in arm["windows"]), 1)
     if "static" in arms and "loop" in arms:
         static, loop = figures["loop_static_last_acceptance_length"], figures["loop_loop_last_acceptance_length"]
         if static and loop:
@@ -327,6 +356,8 @@ def summarize(arms: dict[str, dict[str, Any]], window: int) -> dict[str, Any]:
 
 def main(args: Namespace) -> dict[str, Any]:
     sizes = QUICK_SIZES if args.quick else FULL
+    if args.stream is not None:
+        sizes = replace(sizes, stream=args.stream, window=max(1, args.stream // 8))
     root = (args.work or ROOT / "out" / ("loop-quick" if args.quick else "loop")).resolve()
     static_work = Work(root / "static", sizes.static)
     for stage in ("corpus", "data", "export"):
@@ -386,6 +417,9 @@ if __name__ == "__main__":
     cli.add_argument("--arms", nargs="*", choices=ARMS, default=list(ARMS),
                      help="the arms to run (default: all; none: only capture ÷ speculating alone)")
     cli.add_argument("--no-capture", action="store_true", help="skip capture ÷ speculating alone")
+    cli.add_argument("--stream", type=int, metavar="N",
+                     help=f"requests in the stream, in 8 windows (default {FULL.stream}; the library has about 530 "
+                          "functions to ask for)")
     cli.add_argument("--work", type=Path, help="where the stages keep what they make (default out/loop)")
     parsed = cli.parse_args()
     measured = main(parsed)

@@ -50,6 +50,8 @@ def functions() -> dict[str, str]:
                 signature = str(inspect.signature(obj))
             except (TypeError, ValueError):
                 continue
+            if " at 0x" in signature:  # a default's repr with this process's address: not the same prompt twice
+                continue
             requests[f"{obj.__module__}.{name}"] = REQUEST.format(name=name, signature=signature, summary=summary)
     return requests
 

@@ -33,7 +33,10 @@ LOOP: tuple[Block, ...] = (When("loop_stream", (
     "{loop_window} at concurrency {loop_concurrency}, `max_tokens` {loop_max_tokens}, the same prompts in the same "
     "order to each arm: `hsx serve --draft` static, and with `--learn` (a checkpoint every {loop_checkpoint_every} "
     "steps, judged by the gate, promoted ones swapped in). Acceptance length from vLLM's own counters per window; "
-    "the trainer shares the server's two cores (its own pod in production), which the loop's tokens/s carry.",
+    "the trainer shares the server's two cores (its own pod in production), which the loop's tokens/s carry, and "
+    "trains about one sample for five served: between windows the loop waits until it has trained on what was "
+    "served and the gate judged its latest checkpoint (waited {loop_loop_catch_up_s} s in all), as a trainer on "
+    "hardware of its own keeps up.",
     Table(("arm", "first window", "last window", "last window by position", "output tokens/s (mean)",
            "failed requests", "draft versions served", "gate: promoted / kept / refused", "trainer steps"),
           _loop_rows),

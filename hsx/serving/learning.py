@@ -46,10 +46,11 @@ ROLLBACKS = Counter("hsx_serve_draft_rollbacks", "Promoted drafts rolled back: t
 
 TRAINER_STEP = Gauge("hsx_serve_trainer_step", "The trainer's latest training step")
 TRAINER_LOSS = Gauge("hsx_serve_trainer_loss", "The trainer's loss at its latest step")
+TRAINER_SAMPLES = Gauge("hsx_serve_trainer_samples", "Samples the trainer has trained on, this run of it")
 GATE_DECISIONS = Gauge("hsx_serve_gate_decisions", "Checkpoints the gate judged, by outcome", ["outcome"])
 OUTCOMES = ("promoted", "kept", "refused")
 
-STEP_LINE = re.compile(rb"step (\d+): loss (\S+),")
+STEP_LINE = re.compile(rb"step (\d+): loss (\S+), .*?(\d+) samples so far")
 """The trainer's line for each step (``hsx.trainer.online_trainer``)."""
 METRICS_EVERY = 5.0
 """:meth:`Learning.tick` reads the trainer's log and the gate's decisions this often, in seconds."""
@@ -195,6 +196,7 @@ class TrainerProgress:
         self._offset += complete
         steps = STEP_LINE.findall(text[:complete])
         if steps:
-            step, loss = steps[-1]
+            step, loss, samples = steps[-1]
             TRAINER_STEP.set(int(step))
             TRAINER_LOSS.set(float(loss))
+            TRAINER_SAMPLES.set(int(samples))

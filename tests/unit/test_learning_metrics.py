@@ -11,8 +11,8 @@ from prometheus_client import REGISTRY
 from hsx.serving.learning import TrainerProgress
 
 
-def _gauges() -> tuple[float | None, float | None]:
-    return REGISTRY.get_sample_value("hsx_serve_trainer_step"), REGISTRY.get_sample_value("hsx_serve_trainer_loss")
+def _gauges() -> tuple[float | None, ...]:
+    return tuple(REGISTRY.get_sample_value(f"hsx_serve_trainer_{name}") for name in ("step", "loss", "samples"))
 
 
 def test_the_latest_complete_step_line_sets_the_gauges(tmp_path: Path) -> None:
@@ -23,12 +23,12 @@ def test_the_latest_complete_step_line_sets_the_gauges(tmp_path: Path) -> None:
                     b"INFO step 1: loss 2.5000, first-token accuracy 0.100, 8 samples so far\n"
                     b"INFO step 2: loss 2.2500, first-token accuracy 0.200, 16 samples so far\nINFO step 3: loss 1.")
     progress.read(log)
-    assert _gauges() == (2, 2.25)
+    assert _gauges() == (2, 2.25, 16)
     with log.open("ab") as out:
         out.write(b"9000, first-token accuracy 0.300, 24 samples so far\n")
     progress.read(log)
-    assert _gauges() == (3, 1.9)
+    assert _gauges() == (3, 1.9, 24)
     restarted = tmp_path / "trainer.2.log"
     restarted.write_bytes(b"INFO step 3: loss 1.8000, first-token accuracy 0.310, 24 samples so far\n")
     progress.read(restarted)
-    assert _gauges() == (3, 1.8)
+    assert _gauges() == (3, 1.8, 24)
