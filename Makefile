@@ -107,7 +107,7 @@ demo: $(MODELS_STAMP)
 	$(BIN)/hsx demo
 	$(BIN)/hsx demo --s3
 
-# Side-by-side benchmarks (about 95 minutes on 2 cores, bench.serve about 60 of it):
+# Side-by-side benchmarks (about 2 hours on 2 cores: bench.serve about 60 minutes, bench.loop about 30):
 # writes bench/results.json and docs/benchmarks.md. BENCH_ARGS=--quick for a smoke run.
 bench: $(MODELS_STAMP) $(SPEC_STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)

@@ -348,10 +348,24 @@ def summarize(arms: dict[str, dict[str, Any]], window: int) -> dict[str, Any]:
         if static and loop:
             figures["loop_last_vs_static"] = round(loop / static, 3)
             figures["loop_last_minus_static"] = round(loop - static, 3)
+        figures |= after_swaps(arms["loop"]["windows"], arms["static"]["windows"])
     if "static" in arms and "untrained" in arms:
         figures["loop_untrained_requests_to_static"] = requests_to_reach(
             arms["untrained"]["windows"], arms["static"]["windows"], window)
     return figures
+
+
+def after_swaps(loop: list[dict[str, Any]], static: list[dict[str, Any]]) -> dict[str, Any]:
+    """The windows a promoted draft served, the loop's mean acceptance length
+    over them ÷ the static draft's on the same prompts."""
+    swapped = [i for i, w in enumerate(loop) if any(v for v in w["draft_versions"] if v)]
+    if not swapped or any(loop[i]["acceptance_length"] is None or static[i]["acceptance_length"] is None
+                          for i in swapped):
+        return {}
+    mine = statistics.fmean(loop[i]["acceptance_length"] for i in swapped)
+    theirs = statistics.fmean(static[i]["acceptance_length"] for i in swapped)
+    return {"loop_swapped_windows": len(swapped), "loop_swapped_vs_static": round(mine / theirs, 3),
+            "loop_swapped_minus_static": round(mine - theirs, 3)}
 
 
 def main(args: Namespace) -> dict[str, Any]:

@@ -40,7 +40,9 @@ LOOP: tuple[Block, ...] = (When("loop_stream", (
     Table(("arm", "first window", "last window", "last window by position", "output tokens/s (mean)",
            "failed requests", "draft versions served", "gate: promoted / kept / refused", "trainer steps"),
           _loop_rows),
-    "Last window, the loop ÷ static: {loop_last_vs_static} ({loop_last_minus_static} tokens). From an untrained "
+    "Last window, the loop ÷ static: {loop_last_vs_static} ({loop_last_minus_static} tokens); over the "
+    "{loop_swapped_windows} windows a promoted draft served: {loop_swapped_vs_static} "
+    "({loop_swapped_minus_static} tokens). From an untrained "
     "draft, requests until a window reaches the static draft's on the same prompts: "
     "{loop_untrained_requests_to_static}. Capture while speculating ÷ speculating alone (vLLM's server with the same "
     "draft and flags, no connector; output tokens/s, paired bursts of code requests): c = 1 "

@@ -660,7 +660,7 @@ ONLINE_FEED: tuple[Block, ...] = (When("feed_hsx_samples_per_s", (
 REPRODUCE: tuple[Block, ...] = (
     "## Reproduce",
     "```bash\n"
-    "make bench                      # everything, about 95 minutes on 2 cores; writes bench/results.json + this page\n"
+    "make bench                      # everything, about 2 hours on 2 cores; writes bench/results.json + this page\n"
     ".venv/bin/python -m bench --quick   # smoke run, tiny sizes (a few minutes)\n"
     ".venv/bin/python -m bench --only extraction   # one section; the others' figures are kept\n"
     ".venv/bin/python -m bench --preload gomp      # torch's libgomp for every side instead of libiomp5.so\n"
