@@ -350,8 +350,9 @@ def summarize(arms: dict[str, dict[str, Any]], window: int) -> dict[str, Any]:
             figures["loop_last_minus_static"] = round(loop - static, 3)
         figures |= after_swaps(arms["loop"]["windows"], arms["static"]["windows"])
     if "static" in arms and "untrained" in arms:
-        figures["loop_untrained_requests_to_static"] = requests_to_reach(
-            arms["untrained"]["windows"], arms["static"]["windows"], window)
+        reached = requests_to_reach(arms["untrained"]["windows"], arms["static"]["windows"], window)
+        served = len(arms["untrained"]["windows"]) * window
+        figures["loop_untrained_requests_to_static"] = reached if reached is not None else f"not within {served}"
     return figures
 
 
