@@ -76,7 +76,7 @@ from hsx.local.scrape import metric
 from hsx.local.spawn import HsxService, cpu_engine_env
 from hsx.serving.command import SERVER, add_arguments, server_argv, server_env
 from hsx.serving.plan import plan_from_args
-from hsx.trainer.gate import decisions
+from hsx.trainer.gate import decisions, outcome_counts
 
 
 @dataclass(frozen=True)
@@ -238,8 +238,7 @@ def run_arm(name: str, draft: Path, learn: bool, stream: list[dict[str, Any]], w
                                "failed": sum(w["failed"] for w in windows),
                                "versions": sorted({v for w in windows for v in w["draft_versions"] if v is not None})}
     if learn:
-        judged = decisions(work / "loop" / "drafts")
-        figures["gate"] = {o: sum(d["outcome"] == o for d in judged) for o in ("promoted", "kept", "refused")}
+        figures["gate"] = outcome_counts(decisions(work / "loop" / "drafts"))
         rolled = re.search(r"drafts rolled back\s+(\d+)", log)
         figures["rollbacks"] = int(rolled.group(1)) if rolled else None
         steps = [int(n) for path in sorted((work / "dataset" / "logs").glob("trainer*.log"))

@@ -96,9 +96,9 @@ from hsx.trainer.stream_batches import PackedSamples, SpeculatorsBatch, StreamEp
 log = logging.getLogger(__name__)
 
 TOKEN_FREQ = "token_freq.pt"
+"""speculators' name for the token counts its vocabulary mapping is built from."""
 UNTIL_STOPPED = 10**9
 """Epochs (of ``--checkpoint-every`` steps each) of a run without ``--steps``."""
-"""speculators' name for the token counts its vocabulary mapping is built from."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

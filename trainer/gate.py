@@ -30,7 +30,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -59,10 +59,15 @@ class Score:
         return 1 + sum(self.per_position)
 
 
+Outcome = Literal["promoted", "kept", "refused"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
+"""What :meth:`Gate.judge` decides."""
+
+
 @dataclass(frozen=True)
 class Decision:
     checkpoint: str
-    outcome: Literal["promoted", "kept", "refused"]
+    outcome: Outcome
     reason: str
     version: int | None = None
     """The version promoted, or the served one it was judged against."""
@@ -159,3 +164,8 @@ class Gate:
 def decisions(drafts: str | Path) -> list[dict[str, Any]]:
     """The gate's decisions so far at the drafts store ``drafts``, in order."""
     return DraftStore(drafts).decisions()
+
+
+def outcome_counts(judged: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of the decisions ``judged`` had each outcome."""
+    return {outcome: sum(d["outcome"] == outcome for d in judged) for outcome in OUTCOMES}

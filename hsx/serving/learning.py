@@ -38,6 +38,7 @@ from hsx.runtime.errors import ExitCode, UsageError
 from hsx.schemas.drafts import PromotedDraft
 from hsx.schemas.reports import DraftSwapReport
 from hsx.serving.acceptance import LiveAcceptance, regressed
+from hsx.trainer.gate import outcome_counts
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,6 @@ TRAINER_STEP = Gauge("hsx_serve_trainer_step", "The trainer's latest training st
 TRAINER_LOSS = Gauge("hsx_serve_trainer_loss", "The trainer's loss at its latest step")
 TRAINER_SAMPLES = Gauge("hsx_serve_trainer_samples", "Samples the trainer has trained on, this run of it")
 GATE_DECISIONS = Gauge("hsx_serve_gate_decisions", "Checkpoints the gate judged, by outcome", ["outcome"])
-OUTCOMES = ("promoted", "kept", "refused")
 
 STEP_LINE = re.compile(rb"step (\d+): loss (\S+), .*?(\d+) samples so far")
 """The trainer's line for each step (``hsx.trainer.online_trainer``)."""
@@ -88,7 +88,8 @@ class Learning:
     def __init__(self, plan: LearnPlan, draft: str, model: str, dataset: str, bootstrap: str, ready_topic: str,
                  logs: Path, accelerated: bool) -> None:
         """Step 2: ``hsx train-draft`` warm-started from the draft served now."""
-        promoted = DraftStore(plan.drafts).promoted()
+        self.store = DraftStore(plan.drafts)
+        promoted = self.store.promoted()
         start = promoted.path if promoted is not None else draft
         cpu = [] if accelerated else ["--hidden-states-dtype", "float32", "--total-seq-len", "2048",
                                       "--num-workers", "1"]
@@ -99,7 +100,7 @@ class Learning:
                 "--checkpoint-every", str(plan.checkpoint_every), *cpu]
         self.trainer = HsxService("trainer", args, logs, health=False, python=plan.trainer_python,
                                   with_parent=True).start()
-        self.rollbacks = Rollbacks(plan.drafts, draft)
+        self.rollbacks = Rollbacks(self.store, draft)
         self.restarts = 0
         self._next_start = 0.0
         self._gave_up = False
@@ -112,9 +113,8 @@ class Learning:
         if time.monotonic() >= self._next_metrics:
             self._next_metrics = time.monotonic() + METRICS_EVERY
             self._progress.read(self.trainer.log_path())
-            judged = self.rollbacks.store.decisions()
-            for outcome in OUTCOMES:
-                GATE_DECISIONS.labels(outcome).set(sum(d["outcome"] == outcome for d in judged))
+            for outcome, count in outcome_counts(self.store.decisions()).items():
+                GATE_DECISIONS.labels(outcome).set(count)
         status = self.trainer.exited()
         if status is None or time.monotonic() < self._next_start:
             return
@@ -132,9 +132,8 @@ class Learning:
 
     def rows(self) -> list[tuple[str, str]]:
         """The summary's rows on learning."""
-        judged = self.rollbacks.store.decisions()
-        return [("checkpoints judged", ", ".join(f"{sum(d['outcome'] == o for d in judged):,} {o}"
-                                                 for o in OUTCOMES)),
+        counts = outcome_counts(self.store.decisions())
+        return [("checkpoints judged", ", ".join(f"{n:,} {outcome}" for outcome, n in counts.items())),
                 ("drafts rolled back", f"{self.rollbacks.count:,}"),
                 ("trainer restarts", f"{self.restarts:,}")]
 
@@ -146,8 +145,8 @@ class Learning:
 class Rollbacks:
     """Step 3: each newly served draft judged once, on its first full window."""
 
-    def __init__(self, drafts: Path, initial: str) -> None:
-        self.store = DraftStore(drafts)
+    def __init__(self, store: DraftStore, initial: str) -> None:
+        self._store = store
         self._initial = initial
         self._judged: set[int] = set()
         self.count = 0
@@ -163,16 +162,15 @@ class Rollbacks:
         self._judged.add(version)
         if not regressed(before, after):
             return
-        pointer = self.store.promoted()
+        pointer = self._store.promoted()
         again = max(pointer.version if pointer is not None else 0, version) + 1
         reason = (f"rollback of {version}: live acceptance length {after.acceptance_length:.3f} ± {after.error:.3f} "
                   f"over {after.requests} requests, draft {before_version} had {before.acceptance_length:.3f} ± "
                   f"{before.error:.3f}")
-        self.store.publish(PromotedDraft(version=again, path=before_path, reason=reason))
+        self._store.publish(PromotedDraft(version=again, path=before_path, reason=reason))
         self.count += 1
         ROLLBACKS.inc()
         log.warning("%s: draft %s promoted again as version %d", reason, before_path, again)
-
 
 
 class TrainerProgress:

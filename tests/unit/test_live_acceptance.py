@@ -51,7 +51,7 @@ def test_a_worse_draft_is_rolled_back_once_and_only_beyond_the_noise(tmp_path: P
     _serve(live, 0, before, 64, seed=1)
     DraftStore(tmp_path).publish(PromotedDraft(version=1, path="/drafts/new"))
     swaps = [DraftSwapReport(version=1, path="/drafts/new", outcome="swapped")]
-    rollbacks = Rollbacks(tmp_path, "/drafts/first")
+    rollbacks = Rollbacks(DraftStore(tmp_path), "/drafts/first")
     rollbacks.check(swaps, live)  # the new draft has no full window yet
     assert rollbacks.count == 0
     _serve(live, 1, after, 64, seed=2)
