@@ -99,7 +99,7 @@ CONCURRENCY = 8
 WARM_UP = 8
 """Chat requests (the static draft's evaluation prompts) each server answers
 before the stream, untimed: a new server's first requests pay its warm-up."""
-CHECKPOINT_EVERY = 10
+CHECKPOINT_EVERY = 5
 CAUGHT_UP = 0.9
 """The share of served requests the loop's trainer trains on: the rest is held out for the gate."""
 CAUGHT_UP_SLACK = 32

@@ -11,7 +11,9 @@ verifier's next tokens, which is where greedy speculative decoding accepts k
 tokens; the mean acceptance length it predicts is ``1 + sum``. A checkpoint
 that is no drop-in for the served draft (:func:`hsx.runtime.draft_files.checked_tensors`:
 it does not load, holds NaN or inf, another vocabulary, size or layer set) is
-refused with the reason and never scored.
+refused with the reason and never scored. A drafts store, served draft or
+dataset that cannot be read is no fault of the checkpoint's: it goes unjudged
+(logged, not recorded) and the next checkpoint is judged.
 
 1. Read the held-out samples: the most recent ``samples`` of the dataset whose ids
    the holdout keeps (the dataset's index order; later shards are more recent).
@@ -93,12 +95,23 @@ class Gate:
         """The draft the servers serve: the pointer's, else the one they started with (version 0)."""
         return self.drafts.promoted() or PromotedDraft(version=0, path=str(self.initial.resolve()))
 
-    def judge(self, checkpoint: Path) -> Decision:
-        """Steps 1-5 for ``checkpoint``."""
-        served = self.served()
+    def judge(self, checkpoint: Path) -> Decision | None:
+        """Steps 1-5 for ``checkpoint``; None when the drafts store, the served
+        draft or the held-out samples could not be read or written (logged: no
+        fault of the checkpoint's, which only its own reading errors refuse; the
+        next checkpoint is judged)."""
         try:
-            served_path = local_copy(served.path, self._downloads, only=True)
-            checked_tensors(checkpoint, read_config(served_path), tensor_shapes(served_path))
+            return self._judge(checkpoint)
+        except (DraftRefused, OSError) as exc:  # the checkpoint's own are decisions: these are the served side's
+            log.error("gate: %s not judged: %s (the next checkpoint will be)", checkpoint, exc)
+            return None
+
+    def _judge(self, checkpoint: Path) -> Decision:
+        served = self.served()
+        served_path = local_copy(served.path, self._downloads, only=True)
+        config, shapes = read_config(served_path), tensor_shapes(served_path)
+        try:
+            checked_tensors(checkpoint, config, shapes)
         except (DraftRefused, OSError) as exc:
             return self._record(Decision(str(checkpoint), "refused", str(exc), served.version))
         held = self.held_out_samples()
