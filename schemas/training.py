@@ -15,6 +15,10 @@ LossMaskPolicy = Literal["all", "none"]
 """The loss mask of a sample stored without one (plain text, not a chat): train
 on every token (``all``) or on none (``none``: such rows are dropped)."""
 
+SpeculatorType = Literal["eagle3", "dflash", "peagle"]
+"""The draft types hsx feeds: speculators' ``--speculator-type`` and a saved
+draft's ``speculators_model_type`` (what each needs: :mod:`hsx.drafts.draft_types`)."""
+
 SERVED_AUX_LAYERS = 3
 """Aux layers vLLM builds an EAGLE-3 draft's input for when the draft's model
 config names no count, as speculators' checkpoints do not: the count a draft
@@ -43,6 +47,8 @@ class ExportMetadata(StrictModel):
     """The mask given to samples stored without one."""
     supervised_tokens: NonNegativeInt
     """Tokens under ``loss_mask == 1``: the total of ``token_freq.pt``."""
+    speculator_type: SpeculatorType = "eagle3"
+    """The draft type the printed train command trains (every type reads the same files)."""
 
 
 KafkaPartition = Annotated[int, Field(ge=0, le=2**31 - 1)]

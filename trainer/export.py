@@ -1,5 +1,7 @@
-"""``hsx export --format speculators OUT``: the offline layout of speculators'
-EAGLE-3 trainer (0.5+, checked against 0.9.0)::
+"""``hsx export --format speculators [--speculator-type T] OUT``: the offline
+layout of speculators' trainer (0.5+, checked against 0.9.0), which every draft
+type hsx feeds reads (:mod:`hsx.drafts.draft_types`: EAGLE-3, DFlash, P-EAGLE;
+the type only changes the printed train command)::
 
     OUT/                                     Arrow dataset (datasets.save_to_disk): input_ids, loss_mask, seq_len
     OUT/hidden_states/hs_<row>.safetensors   {"hidden_states": [T, L, H], "token_ids": int64 [T]}
@@ -35,9 +37,10 @@ from safetensors.torch import save_file
 from hsx.dataset.inspect import DATASET
 from hsx.dataset.shards import INDEX
 from hsx.dataset.storage import is_object_store
+from hsx.drafts.draft_types import REFUSED, TYPES, draft_type
 from hsx.runtime.checks import existing_dir, new_dir, outside
 from hsx.runtime.errors import UsageError
-from hsx.schemas.training import ExportMetadata, LossMaskPolicy
+from hsx.schemas.training import ExportMetadata, LossMaskPolicy, SpeculatorType
 from hsx.trainer.dataset import HsxDataset
 from hsx.trainer.samples import layer_list
 
@@ -50,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, help="the dataset written by hsx sink (a directory or "
                                                          "s3://bucket/prefix)")
     parser.add_argument("--format", choices=["speculators"], default="speculators", help="target layout")
+    parser.add_argument("--speculator-type", default="eagle3", metavar="TYPE",
+                        help=f"the draft type the printed train command trains: {', '.join(TYPES)} (default "
+                             f"%(default)s; {', '.join(REFUSED)} are refused with the reason)")
     parser.add_argument("--layers", type=layer_list, default=None,
                         help="aux layer ids in slot order, as the draft's target_layer_ids, e.g. 2,15,27 "
                              "(default: every stored layer but the last, ascending); the last slot is always "
@@ -90,7 +96,7 @@ def token_frequencies(pairs: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> dic
 
 
 def export_speculators(dataset_path: str | Path, out: Path, layers: list[int] | None = None,
-                       policy: LossMaskPolicy = "all") -> ExportMetadata:
+                       policy: LossMaskPolicy = "all", speculator_type: SpeculatorType = "eagle3") -> ExportMetadata:
     """Write ``out`` from the dataset at ``dataset_path``; returns what
     ``hsx_export.json`` says."""
     from datasets import Dataset as ArrowDataset
@@ -118,7 +124,7 @@ def export_speculators(dataset_path: str | Path, out: Path, layers: list[int] | 
         model=first.model, layer_ids=list(dataset.layout.slots), aux_layer_ids=list(dataset.layout.aux),
         verifier_layer_id=dataset.layout.verifier, dtype=first.dtype, hidden_size=first.hidden_size,
         rows=len(dataset), dropped_unsupervised=dataset.dropped, loss_mask=policy,
-        supervised_tokens=sum(freq.values()))
+        supervised_tokens=sum(freq.values()), speculator_type=speculator_type)
     (out / METADATA).write_text(metadata.model_dump_json(indent=2) + "\n")
     return metadata
 
@@ -140,18 +146,19 @@ def train_command(out: Path, metadata: ExportMetadata, verifier: str | None = No
     ``total_seq_len``: the tokens a batch packs (:data:`CPU_SEQ_LEN` on a CPU)."""
     dtype = "float32" if metadata.dtype.value == "float32" else "bfloat16"
     verifier = verifier or (metadata.model if Path(metadata.model).is_dir() else VERIFIER_PLACEHOLDER)
-    return (f"speculators train --speculator-type eagle3 --verifier-name-or-path {verifier} "
+    return (f"speculators train --speculator-type {metadata.speculator_type} --verifier-name-or-path {verifier} "
             f"--data-path {out} --target-layer-ids {' '.join(map(str, metadata.aux_layer_ids))} "
             f"--hidden-states-dtype {dtype} --on-missing raise --total-seq-len {total_seq_len} "
             f"--draft-vocab-size 32000")
 
 
 def run(args: argparse.Namespace) -> int:
+    kind = draft_type("--speculator-type", args.speculator_type)
     new_dir("OUT", args.out)
     if not is_object_store(args.dataset):
         existing_dir("--dataset", Path(args.dataset), INDEX, DATASET)
         outside("OUT", args.out, "--dataset", Path(args.dataset))
-    metadata = export_speculators(args.dataset, args.out, args.layers, args.loss_mask)
+    metadata = export_speculators(args.dataset, args.out, args.layers, args.loss_mask, kind.name)
     dropped = f", {metadata.dropped_unsupervised} without a supervised token dropped" \
         if metadata.dropped_unsupervised else ""
     print(f"exported {metadata.rows} samples to {args.out} (speculators layout, layers "

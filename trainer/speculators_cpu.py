@@ -18,7 +18,11 @@ and the step, not the loading, is what a CPU waits for) and ``--optimizer adamw`
 (its default Muon orthogonalizes each update in bfloat16, which CPUs without
 bfloat16 units emulate: on two AVX2 cores, 200 SmolLM2 samples at 2,048 tokens,
 the optimizer took 24.6-26.8 s of a 29.9-33.1 s step, AdamW 10-16 ms of
-6.4-6.7 s); :func:`main` adds them when they are not given.
+6.4-6.7 s); DFlash and P-EAGLE drafts (not EAGLE-3) also take ``--max-anchors
+128``: speculators' 512 anchors are for its 8,192-token batches, a CPU packs
+2,048 (the same anchors per token), and DFlash's logits are anchors x 16-token
+blocks x the vocabulary, 1.6 GB a tensor for SmolLM2 at 512. :func:`main` adds
+them when they are not given.
 
 Offline training on an export (``hsx export --format speculators``), on a CPU::
 
@@ -39,7 +43,7 @@ from collections.abc import Iterator
 import torch
 
 CPU_DEFAULTS = {"--draft-attn-impl": "sdpa", "--loss-implementation": "eager", "--num-workers": "1",
-                "--optimizer": "adamw"}
+                "--optimizer": "adamw", "--max-anchors": "128"}
 """speculators' flags whose defaults need an accelerator, and what a CPU takes."""
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import orjson
+
 from hsx.extractor.engine import EngineOptions
 from hsx.extractor.model_config import text_config
 from hsx.extractor.prompts import PromptPreparer, PromptRejected
@@ -48,7 +50,8 @@ class EvalPrompt:
 class EvalSettings:
     model: str
     draft: str
-    num_speculative_tokens: int = 3
+    num_speculative_tokens: int | None = None
+    """Tokens the draft proposes per step; None: what its checkpoint says."""
     max_tokens: int = 128
     dtype: str = "auto"
     max_model_len: int = 4096
@@ -77,6 +80,10 @@ class AcceptanceReport:
 
     model: str
     draft: str
+    speculative_config: dict[str, Any]
+    """What vLLM was given: the method and its options as vLLM reads them from
+    the checkpoint (``eagle3``, ``dflash``, ``eagle3`` with ``parallel_drafting``
+    for P-EAGLE), the tokens per step."""
     prompts: int
     invalid_rows: int
     num_speculative_tokens: int
@@ -104,7 +111,9 @@ class AcceptanceReport:
         speedup = self.tokens_per_s_with_draft / self.tokens_per_s_without_draft if self.tokens_per_s_without_draft else 0
         identical = ("identical on every prompt" if self.outputs_identical else
                      f"DIFFERENT on {len(self.differing_prompts)} prompts: {', '.join(self.differing_prompts[:10])}")
-        return (f"{self.prompts} prompts, {self.num_speculative_tokens} speculative tokens, greedy, "
+        method = ", ".join(f"{k} {v}" for k, v in self.speculative_config.items()
+                           if k not in ("model", "num_speculative_tokens"))
+        return (f"{self.prompts} prompts, {self.num_speculative_tokens} speculative tokens ({method}), greedy, "
                 f"up to {self.max_tokens} tokens each\n"
                 f"mean acceptance length {self.acceptance_length:.3f} ({self.accepted_tokens} of "
                 f"{self.draft_tokens} drafted tokens accepted in {self.drafts} drafts)\n"
@@ -139,16 +148,18 @@ def prepare_prompts(lines: Iterable[SourceLine], mapping: Mapping, model: str, m
 def evaluate(settings: EvalSettings, prompts: Sequence[EvalPrompt], invalid_rows: int = 0) -> AcceptanceReport:
     """Decode ``prompts`` without the draft, then with it (one engine at a time),
     and compare."""
-    alone = decode(settings, prompts, draft=False)
-    drafted = decode(settings, prompts, draft=True)
+    speculative = speculative_config(settings.draft, settings.num_speculative_tokens)
+    alone = decode(settings, prompts, None)
+    drafted = decode(settings, prompts, speculative)
     counters = drafted.counters
     drafts = int(counters.get(DRAFTS, 0))
     accepted = int(counters.get(ACCEPTED, 0))
     per_position = [count / drafts if drafts else 0.0 for count in counters.get(ACCEPTED_PER_POSITION, [])]
     differing = [p.request_id for p in prompts if alone.outputs[p.request_id] != drafted.outputs[p.request_id]]
     return AcceptanceReport(
-        model=settings.model, draft=settings.draft, prompts=len(prompts), invalid_rows=invalid_rows,
-        num_speculative_tokens=settings.num_speculative_tokens, max_tokens=settings.max_tokens,
+        model=settings.model, draft=settings.draft, speculative_config=speculative, prompts=len(prompts),
+        invalid_rows=invalid_rows, num_speculative_tokens=speculative["num_speculative_tokens"],
+        max_tokens=settings.max_tokens,
         drafts=drafts, draft_tokens=int(counters.get(DRAFT_TOKENS, 0)), accepted_tokens=accepted,
         acceptance_length=1 + accepted / drafts if drafts else 1.0, per_position=per_position,
         generated_tokens_with_draft=drafted.tokens, generated_tokens_without_draft=alone.tokens,
@@ -157,28 +168,42 @@ def evaluate(settings: EvalSettings, prompts: Sequence[EvalPrompt], invalid_rows
         outputs_identical=not differing, differing_prompts=differing)
 
 
-def decode(settings: EvalSettings, prompts: Sequence[EvalPrompt], draft: bool) -> Decoded:
-    """Greedy answers of one engine (the verifier, with the draft or without),
-    shut down before returning so that the next one has the memory."""
+def speculative_config(draft: str, num_speculative_tokens: int | None = None) -> dict[str, Any]:
+    """vLLM's speculative config for the checkpoint ``draft``, as vLLM itself
+    reads it from ``config.json`` (``vllm serve DRAFT`` would): the method for
+    its type and the tokens per step it was trained for, unless
+    ``num_speculative_tokens`` says otherwise."""
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    config = SpeculatorsConfig.build_vllm_speculative_config(orjson.loads((Path(draft) / "config.json").read_bytes()))
+    if num_speculative_tokens is not None:
+        config["num_speculative_tokens"] = num_speculative_tokens
+    return {**config, "model": str(Path(draft))}
+
+
+def decode(settings: EvalSettings, prompts: Sequence[EvalPrompt], speculative: dict[str, Any] | None) -> Decoded:
+    """Greedy answers of one engine (the verifier, with the draft ``speculative``
+    configures or without one), shut down before returning so that the next one
+    has the memory."""
     from vllm import SamplingParams, TokensPrompt
 
-    llm = _start(settings, draft)
+    llm = _start(settings, speculative)
     try:
         started = time.monotonic()
         results = llm.generate([TokensPrompt(prompt_token_ids=p.token_ids) for p in prompts],
                                SamplingParams(max_tokens=settings.max_tokens, temperature=0.0), use_tqdm=False)
         seconds = time.monotonic() - started
-        counters = _spec_counters(llm.get_metrics()) if draft else {}
+        counters = _spec_counters(llm.get_metrics()) if speculative else {}
     finally:
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
     outputs = {p.request_id: list(r.outputs[0].token_ids) for p, r in zip(prompts, results)}
-    log.info("%s the draft: %d tokens in %.1fs", "with" if draft else "without", sum(map(len, outputs.values())), seconds)
+    log.info("%s the draft: %d tokens in %.1fs", "with" if speculative else "without", sum(map(len, outputs.values())), seconds)
     return Decoded(outputs, seconds, counters)
 
 
-def _start(settings: EvalSettings, draft: bool) -> Any:
+def _start(settings: EvalSettings, speculative: dict[str, Any] | None) -> Any:
     """An ``LLM`` for the verifier, with the CPU defaults hsx's extractor uses."""
     from vllm import LLM
 
@@ -192,9 +217,8 @@ def _start(settings: EvalSettings, draft: bool) -> Any:
                                   enforce_eager=settings.enforce_eager, disable_log_stats=False, seed=0)
     if settings.max_num_seqs is not None:
         kwargs["max_num_seqs"] = settings.max_num_seqs
-    if draft:
-        kwargs["speculative_config"] = {"method": "eagle3", "model": str(Path(settings.draft)),
-                                        "num_speculative_tokens": settings.num_speculative_tokens}
+    if speculative:
+        kwargs["speculative_config"] = speculative
     kwargs.update(settings.engine_args)
     chosen = SimpleNamespace()  # worker_in_engine_core picks the executor on CPU
     with worker_in_engine_core(apply_cpu_defaults(options), chosen):

@@ -1,7 +1,8 @@
-"""An EAGLE-3 draft checkpoint as speculators saves it (``config.json`` with
-``speculators_model_type: eagle3``, weights in ``*.safetensors``), read without
-loading a tensor, and checked against the verifier it is to draft for: the
-mistakes that vLLM would otherwise report minutes later, in a traceback."""
+"""A draft checkpoint as speculators saves it (``config.json`` with its
+``speculators_model_type``, one of :mod:`hsx.drafts.draft_types`, weights in
+``*.safetensors``), read without loading a tensor, and checked against the
+verifier it is to draft for: the mistakes that vLLM would otherwise report
+minutes later, in a traceback."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from safetensors import SafetensorError, safe_open
 
+from hsx.drafts.draft_types import REFUSED, TYPES, DraftType
 from hsx.runtime.errors import UsageError
 from hsx.schemas.training import SERVED_AUX_LAYERS
 
@@ -24,6 +26,7 @@ class DraftCheckpoint:
     """What a draft checkpoint says about the verifier it was built for."""
 
     path: Path
+    kind: DraftType
     aux_layer_ids: list[int] | None
     """The verifier layers whose hidden states feed the draft (vLLM's ids: the
     input of decoder layer L); None where vLLM's default applies."""
@@ -36,20 +39,25 @@ class DraftCheckpoint:
     """The verifier's name or path as the checkpoint records it (informational)."""
     fc_shape: tuple[int, ...] | None
     served_aux_count: int
-    """How many aux hidden states vLLM builds the draft's input projection for:
-    ``num_aux_hidden_states``, else the length of ``eagle_config``'s layer ids,
-    else 3, read from the ``transformer_layer_config`` its speculators-format
-    loader starts from. vLLM (0.32) does not count the top-level
-    ``eagle_aux_hidden_state_layer_ids`` that speculators writes, so a speculators
-    draft with other than 3 aux layers does not load there."""
+    """How many aux hidden states vLLM builds the draft's input projection for.
+    Its llama EAGLE-3 layers (``eagle3`` and ``peagle`` drafts of llama layers)
+    read ``num_aux_hidden_states``, else the length of ``eagle_config``'s layer
+    ids, else 3, from the ``transformer_layer_config`` its speculators-format
+    loader starts from: vLLM (0.32) does not count the top-level
+    ``eagle_aux_hidden_state_layer_ids`` that speculators writes there, so such a
+    draft with other than 3 aux layers does not load. Its qwen3 and DFlash
+    layers count the draft's own layer ids."""
 
 
-def read_draft(flag: str, value: str | Path) -> DraftCheckpoint:
+def read_draft(flag: str, value: str | Path, types: tuple[str, ...] = tuple(TYPES)) -> DraftCheckpoint:
     """The checkpoint in directory ``value``; :class:`UsageError` naming ``flag``
-    for a missing directory or files, or a directory that is not an EAGLE-3 draft."""
+    for a missing directory or files, or a directory that is not a draft of one
+    of ``types``."""
     path = Path(value)
+    titles = [TYPES[t].title for t in types]
+    wanted = " or ".join(filter(None, [", ".join(titles[:-1]), titles[-1]]))
     if not path.is_dir():
-        raise UsageError(f"{flag} {value}: no such directory (an EAGLE-3 checkpoint: config.json and *.safetensors)")
+        raise UsageError(f"{flag} {value}: no such directory (a draft checkpoint: config.json and *.safetensors)")
     config_file = path / "config.json"
     try:
         config = json.loads(config_file.read_text())
@@ -57,30 +65,32 @@ def read_draft(flag: str, value: str | Path) -> DraftCheckpoint:
         raise UsageError(f"{flag} {value}: no config.json, so not a draft checkpoint") from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"{flag} {value}: config.json does not read as JSON: {exc}") from None
-    if not isinstance(config, dict) or config.get("speculators_model_type") != "eagle3":
-        kind = config.get("speculators_model_type") if isinstance(config, dict) else None
-        raise UsageError(f"{flag} {value}: not an EAGLE-3 checkpoint (config.json's speculators_model_type is "
-                         f"{kind!r}, expected 'eagle3': a checkpoint `speculators train` or `hsx train-draft` saved)")
+    name = config.get("speculators_model_type") if isinstance(config, dict) else None
+    if name not in types:
+        why = f": {REFUSED[name]}" if name in REFUSED else ""
+        raise UsageError(f"{flag} {value}: config.json's speculators_model_type is {name!r}{why}; this takes "
+                         f"{wanted} checkpoints ({', '.join(types)}: `speculators train` or `hsx train-draft` saves them)")
+    kind = TYPES[name]
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, dict) or not _count(layer.get("hidden_size")) or not _count(layer.get("vocab_size")):
         raise UsageError(f"{flag} {value}: config.json has no transformer_layer_config with hidden_size and vocab_size")
     weights = sorted(path.glob("*.safetensors"))
     if not weights:
         raise UsageError(f"{flag} {value}: no *.safetensors weights beside config.json")
-    aux = config.get("eagle_aux_hidden_state_layer_ids")
-    if aux is not None and not (isinstance(aux, list) and aux and all(_count(i, 0) for i in aux)):
-        raise UsageError(f"{flag} {value}: eagle_aux_hidden_state_layer_ids must be a list of layer ids, got {aux!r}")
+    aux = config.get(kind.aux_key)  # vLLM requires DFlash's; an EAGLE draft's default to the verifier's
+    if (aux is not None or kind.name == "dflash") and not (isinstance(aux, list) and aux and all(_count(i, 0) for i in aux)):
+        raise UsageError(f"{flag} {value}: {kind.aux_key} must be a list of layer ids, got {aux!r}")
     if aux is not None and aux != sorted(aux):
-        raise UsageError(f"{flag} {value}: eagle_aux_hidden_state_layer_ids {aux} are not ascending: the engine "
+        raise UsageError(f"{flag} {value}: {kind.aux_key} {aux} are not ascending: the engine "
                          "hands a draft the verifier's aux hidden states in layer order, so this draft would see "
                          "them in another order than it was trained on; train it with ascending layer ids")
     target = config.get("target_hidden_size")
     verifier = _nested(config, "speculators_config", "verifier", "name_or_path")
     return DraftCheckpoint(
-        path=path, aux_layer_ids=aux, target_hidden_size=target if _count(target) else layer["hidden_size"],
+        path=path, kind=kind, aux_layer_ids=aux, target_hidden_size=target if _count(target) else layer["hidden_size"],
         vocab_size=layer["vocab_size"], draft_vocab_size=config.get("draft_vocab_size") or layer["vocab_size"],
         verifier=verifier if isinstance(verifier, str) else None, fc_shape=_fc_shape(flag, weights),
-        served_aux_count=_served_aux_count(layer))
+        served_aux_count=_served_aux_count(kind, layer, aux))
 
 
 def check_verifier(flag: str, draft: DraftCheckpoint, verifier: Any) -> None:
@@ -105,9 +115,16 @@ def check_verifier(flag: str, draft: DraftCheckpoint, verifier: Any) -> None:
         raise UsageError(f"{flag} {draft.path} is not a draft for this model{built_for}: " + "; ".join(problems))
 
 
-def _served_aux_count(config: dict[str, Any]) -> int:
-    """vLLM's rule (``llama_eagle3``) on the draft's model config:
-    ``num_aux_hidden_states``, else the length of
+def _served_aux_count(kind: DraftType, config: dict[str, Any], aux: list[int] | None) -> int:
+    """vLLM's rule (:attr:`DraftCheckpoint.served_aux_count`) for a draft of
+    ``kind`` with the model config ``config`` and aux layer ids ``aux``."""
+    if kind.shifted and config.get("model_type", "llama") == "llama":
+        return _llama_eagle3_aux_count(config)
+    return len(aux) if aux else SERVED_AUX_LAYERS
+
+
+def _llama_eagle3_aux_count(config: dict[str, Any]) -> int:
+    """``llama_eagle3``'s count: ``num_aux_hidden_states``, else the length of
     ``eagle_config.eagle_aux_hidden_state_layer_ids``, else 3."""
     count = config.get("num_aux_hidden_states")
     if _count(count):

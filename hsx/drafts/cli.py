@@ -26,9 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_input_arguments(parser)
     parser.add_argument("--model", required=True, help="the verifier: a local model directory")
     parser.add_argument("--draft", required=True,
-                        help="an EAGLE-3 checkpoint directory (`speculators train` or `hsx train-draft`)")
-    parser.add_argument("--num-speculative-tokens", type=integer(1, 16), default=_DEFAULTS.num_speculative_tokens,
-                        metavar="K", help="tokens the draft proposes per step (default %(default)s)")
+                        help="a draft checkpoint directory (`speculators train` or `hsx train-draft`): EAGLE-3, "
+                             "DFlash or P-EAGLE, served with the method vLLM reads from its config.json")
+    parser.add_argument("--num-speculative-tokens", type=integer(1, 16), metavar="K",
+                        help="tokens the draft proposes per step (default: what its checkpoint says, e.g. 3 for "
+                             "EAGLE-3, 15 for DFlash's 16-token blocks)")
     parser.add_argument("--max-tokens", type=integer(1), default=_DEFAULTS.max_tokens, metavar="N",
                         help="greedy answer length per prompt (default %(default)s; rows' own generation is ignored)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the report here as JSON")

@@ -118,7 +118,7 @@ def draft_layers(args: argparse.Namespace, verifier: Any) -> list[int]:
     if args.layers is not None:
         raise UsageError("--layers and --draft: with a draft the captured layers are the draft's aux layers and the "
                          "last (a sample is what that draft trains on); drop --layers")
-    draft = read_draft("--draft", args.draft)
+    draft = read_draft("--draft", args.draft, ("eagle3",))
     check_verifier("--draft", draft, verifier)
     if draft.aux_layer_ids is None:
         raise UsageError(f"--draft {args.draft}: its config.json names no eagle_aux_hidden_state_layer_ids, so the "

@@ -1,10 +1,12 @@
 """``hsx eval-draft`` from a plain shell, on a real engine: the tiny verifier with
-an EAGLE-3 draft trained in the test, both ways hsx offers: speculators' own
-train (through hsx.trainer.speculators_cpu) for an epoch on an ``hsx export``,
-and ``hsx train-draft`` for a few steps from ready events on the broker. Each has
-a reduced draft vocabulary (so vLLM maps its tokens through the checkpoint's
-d2t). The report's counts come from vLLM's counters and must agree with each
-other; greedy outputs must not change with the draft."""
+a draft trained in the test, every way hsx offers: speculators' own train
+(through hsx.trainer.speculators_cpu) for an epoch on an ``hsx export`` (an
+EAGLE-3, a DFlash and a P-EAGLE draft, each with the command the export
+printed for its type), and ``hsx train-draft`` for a few steps from ready
+events on the broker. Each has a reduced draft vocabulary (so vLLM maps its
+tokens through the checkpoint's d2t). vLLM serves each with the method it
+reads from the checkpoint; the report's counts come from vLLM's counters and
+must agree with each other; greedy outputs must not change with the draft."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import pytest
 from hsx import models
 from hsx.local.training_data import TrainingDataSpec, write_training_dataset
 from hsx.runtime.settings import KafkaSettings
+from hsx.schemas.training import SpeculatorType
 from tests.integration.test_speculators import SPECULATORS_PY, run_speculators, tiny_train_flags
 from tests.integration.test_train_draft import SAMPLES, SPECULATORS_BIN, publish_ready, train_draft
 from tests.unit.input_files import write_jsonl
@@ -29,13 +32,14 @@ K = 3
 DRAFT_VOCAB = 200  # of tiny-llama's 1,000 tokens: tiny_train_flags' --draft-vocab-size
 
 
-def offline_draft(tmp_path: Path, cache_dir: Path) -> Path:
+def offline_draft(tmp_path: Path, cache_dir: Path, speculator_type: SpeculatorType = "eagle3") -> Path:
     """Trained by speculators' own train for an epoch on an hsx export."""
-    flags = tiny_train_flags(tmp_path, cache_dir, layers=[1, 2, 3])  # as vLLM serves them: 3, ascending
+    flags = tiny_train_flags(tmp_path, cache_dir, layers=[1, 2, 3], speculator_type=speculator_type)  # ascending
     run_speculators([str(SPECULATORS_PY), "-m", "hsx.trainer.speculators_cpu", *flags, "--epochs", "1",
                      "--save-path", str(tmp_path / "trained")], tmp_path)
     draft = tmp_path / "trained" / "0"
-    assert json.loads((draft / "config.json").read_text())["draft_vocab_size"] == DRAFT_VOCAB
+    config = json.loads((draft / "config.json").read_text())
+    assert config["draft_vocab_size"] == DRAFT_VOCAB and config["speculators_model_type"] == speculator_type
     return draft
 
 
@@ -55,11 +59,19 @@ def online_draft(tmp_path: Path, cache_dir: Path, kafka: KafkaSettings) -> Path:
     return draft
 
 
-@pytest.mark.parametrize("trained", ["offline", "online"])
+@pytest.mark.parametrize(("trained", "method"), [
+    ("offline", {"method": "eagle3"}), ("online", {"method": "eagle3"}),
+    ("offline-dflash", {"method": "dflash"}), ("offline-peagle", {"method": "eagle3", "parallel_drafting": True})])
 def test_eval_draft_reports_consistent_counts_and_identical_outputs(tmp_path: Path, cache_dir: Path,
-                                                                    kafka: KafkaSettings, trained: str) -> None:
+                                                                    kafka: KafkaSettings, trained: str,
+                                                                    method: dict[str, object]) -> None:
     tiny = models.prepare(cache_dir, names=["tiny-llama"])["tiny-llama"]
-    draft = offline_draft(tmp_path, cache_dir) if trained == "offline" else online_draft(tmp_path, cache_dir, kafka)
+    kind: SpeculatorType = "eagle3" if "-" not in trained else trained.split("-")[1]  # type: ignore[assignment]
+    draft = online_draft(tmp_path, cache_dir, kafka) if trained == "online" else offline_draft(tmp_path, cache_dir,
+                                                                                               kind)
+    # EAGLE-3 drafts at K tokens a step; the others at what their checkpoint says (DFlash's block less one, ...)
+    trained_for = json.loads((draft / "config.json").read_text())["speculators_config"]["proposal_methods"][0]
+    k = K if kind == "eagle3" else trained_for["speculative_tokens"]
     prompts = write_jsonl([{"request_id": "text", "prompt": "The capital of France is"},
                            {"request_id": "chat", "messages": [{"role": "user", "content": "Tell me a story."}]},
                            {"request_id": "ids", "token_ids": [5, 17, 300, 41]}], tmp_path / "prompts.jsonl")
@@ -67,16 +79,18 @@ def test_eval_draft_reports_consistent_counts_and_identical_outputs(tmp_path: Pa
     report_file = tmp_path / "report.json"
     run = subprocess.run([str(Path(sys.executable).with_name("hsx")), "eval-draft", str(prompts), "--model", str(tiny),
                           "--draft", str(draft), "--max-tokens", "12",
-                          "--num-speculative-tokens", str(K), "--enforce-eager", "--json", str(report_file)],
+                          *(["--num-speculative-tokens", str(K)] if kind == "eagle3" else []),
+                          "--enforce-eager", "--json", str(report_file)],
                          env=env, capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(report_file.read_text())
     assert report["prompts"] == 3 and report["invalid_rows"] == 0
+    assert report["speculative_config"] == {**method, "model": str(draft), "num_speculative_tokens": k}
     assert report["outputs_identical"] and report["differing_prompts"] == []
     assert report["generated_tokens_with_draft"] == report["generated_tokens_without_draft"] > 0
-    assert report["drafts"] > 0 and report["draft_tokens"] == K * report["drafts"]
+    assert report["drafts"] > 0 and report["draft_tokens"] == k * report["drafts"]
     assert 0 <= report["accepted_tokens"] <= report["draft_tokens"]
     rates = report["per_position"]
-    assert len(rates) == K and all(a >= b for a, b in zip(rates, rates[1:])) and all(0 <= r <= 1 for r in rates)
+    assert len(rates) == k and all(a >= b for a, b in zip(rates, rates[1:])) and all(0 <= r <= 1 for r in rates)
     assert sum(rates) * report["drafts"] == pytest.approx(report["accepted_tokens"])
     assert "mean acceptance length" in run.stdout

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
 from hsx.local.training_data import TrainingDataSpec, write_training_dataset
+from hsx.schemas.training import SpeculatorType
 from hsx.trainer import HsxDataset, PackedCollate
 from hsx.trainer.export import export_speculators
 
@@ -80,10 +81,11 @@ def printed_command(tmp_path: Path, cache_dir: Path) -> list[str]:
     return tiny_train_flags(tmp_path, cache_dir)
 
 
-def tiny_train_flags(tmp_path: Path, cache_dir: Path, layers: list[int] = AUX) -> list[str]:
+def tiny_train_flags(tmp_path: Path, cache_dir: Path, layers: list[int] = AUX,
+                     speculator_type: SpeculatorType = "eagle3") -> list[str]:
     """The flags of the ``speculators train`` command ``hsx export`` prints for
-    an export (of aux ``layers``) of tiny-llama-shaped samples, with a small
-    draft vocabulary."""
+    an export (of aux ``layers``, for a ``speculator_type`` draft) of
+    tiny-llama-shaped samples, with a small draft vocabulary."""
     from hsx import models
     from hsx.trainer.export import train_command
 
@@ -91,7 +93,7 @@ def tiny_train_flags(tmp_path: Path, cache_dir: Path, layers: list[int] = AUX) -
     config = json.loads((tiny / "config.json").read_text())
     write_training_dataset(tmp_path / "ds", TrainingDataSpec(
         samples=12, hidden_size=config["hidden_size"], vocab=config["vocab_size"], model=str(tiny)))
-    metadata = export_speculators(tmp_path / "ds", tmp_path / "export", layers=layers)
+    metadata = export_speculators(tmp_path / "ds", tmp_path / "export", layers=layers, speculator_type=speculator_type)
     argv = train_command(tmp_path / "export", metadata).split()
     assert argv[:2] == ["speculators", "train"]
     argv[argv.index("--draft-vocab-size") + 1] = "200"

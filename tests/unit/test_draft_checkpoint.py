@@ -14,6 +14,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from hsx.drafts.checkpoint import check_verifier, read_draft
+from hsx.drafts.draft_types import TYPES
 from hsx.runtime.errors import UsageError
 
 VERIFIER = SimpleNamespace(hidden_size=128, vocab_size=1000, num_hidden_layers=4)
@@ -26,8 +27,9 @@ def write_draft(path: Path, hidden: int = 128, vocab: int = 1000, aux: list[int]
     aux layers [1, 2, 3] unless told), for ``hidden`` and ``vocab`` of its verifier."""
     aux = [1, 2, 3] if aux is None else aux
     path.mkdir(parents=True)
+    aux_key = TYPES[kind].aux_key if kind in TYPES else "eagle_aux_hidden_state_layer_ids"
     (path / "config.json").write_text(json.dumps({
-        "speculators_model_type": kind, "draft_vocab_size": 64, "eagle_aux_hidden_state_layer_ids": aux,
+        "speculators_model_type": kind, "draft_vocab_size": 64, aux_key: aux,
         "target_hidden_size": hidden,
         "transformer_layer_config": {"hidden_size": 128, "vocab_size": vocab, "model_type": "llama"},
         "speculators_config": {"verifier": {"name_or_path": f"verifier-{hidden}x{vocab}"}}}))
@@ -47,7 +49,11 @@ def test_a_draft_for_the_verifier_passes(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("make", "phrase"), [
     (lambda p: p / "missing", "no such directory"),
     (lambda p: p.mkdir() or p, "no config.json, so not a draft checkpoint"),
-    (lambda p: write_draft(p, kind="mtp"), "not an EAGLE-3 checkpoint (config.json's speculators_model_type is 'mtp'"),
+    (lambda p: write_draft(p, kind="mtp"), "config.json's speculators_model_type is 'mtp': MTP drafts are trained on "
+                                           "the verifier's own multi-token-prediction layers"),
+    (lambda p: write_draft(p, kind="medusa"), "speculators_model_type is 'medusa'; this takes EAGLE-3, DFlash or "
+                                              "P-EAGLE checkpoints"),
+    (lambda p: write_draft(p, kind="dflash", aux=[]), "aux_hidden_state_layer_ids must be a list of layer ids, got []"),
     (lambda p: write_draft(p, weights=False), "no *.safetensors weights beside config.json"),
     (lambda p: write_draft(p, aux=[1, -2]), "eagle_aux_hidden_state_layer_ids must be a list of layer ids"),
 ])
@@ -70,6 +76,19 @@ def test_vllm_counts_aux_layers_from_the_model_config_not_the_layer_ids(tmp_path
         draft = read_draft("--draft", path)
         assert draft.served_aux_count == 2
         check_verifier("--draft", draft, VERIFIER)
+
+
+def test_dflash_drafts_are_sized_by_their_own_layer_ids(tmp_path: Path) -> None:
+    """vLLM's DFlash layers (and its qwen3 EAGLE-3 ones) count the draft's own
+    aux layer ids, unlike its llama EAGLE-3 layers."""
+    draft = read_draft("--draft", write_draft(tmp_path / "d", kind="dflash", aux=[1, 3]))
+    assert draft.kind.name == "dflash" and draft.aux_layer_ids == [1, 3] and draft.served_aux_count == 2
+    check_verifier("--draft", draft, VERIFIER)
+
+
+def test_a_command_that_serves_eagle3_only_names_what_it_takes(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="speculators_model_type is 'dflash'; this takes EAGLE-3 checkpoints"):
+        read_draft("--draft", write_draft(tmp_path / "d", kind="dflash"), ("eagle3",))
 
 
 def test_aux_layers_out_of_layer_order_are_refused(tmp_path: Path) -> None:

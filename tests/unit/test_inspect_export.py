@@ -83,6 +83,31 @@ def test_export_prints_a_train_command_speculators_can_load(tmp_path: Path, caps
         verifier is None)
 
 
+@pytest.mark.parametrize("kind", ["dflash", "peagle"])
+def test_export_for_another_draft_type_prints_its_train_command(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                 kind: str) -> None:
+    root = _dataset(tmp_path, _generated("gen-1"))
+    assert main(["export", str(tmp_path / "out"), "--dataset", str(root), "--speculator-type", kind]) == 0
+    out = capsys.readouterr().out
+    for line in ("train with: speculators train", "python -m hsx.trainer.speculators_cpu"):
+        command = next(text for text in out.splitlines() if line in text).split()
+        assert command[command.index("--speculator-type") + 1] == kind
+    assert orjson.loads((tmp_path / "out" / "hsx_export.json").read_bytes())["speculator_type"] == kind
+
+
+@pytest.mark.parametrize(("kind", "reason"), [
+    ("mtp", "refused: MTP drafts are trained on the verifier's own multi-token-prediction layers"),
+    ("xpress", "refused: vLLM does not serve XPress drafts"),
+    ("medusa", "not a draft type speculators trains (hsx feeds eagle3, dflash, peagle)"),
+])
+def test_export_refuses_a_type_it_cannot_feed_with_the_reason(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                              kind: str, reason: str) -> None:
+    root = _dataset(tmp_path, _generated("gen-1"))
+    assert main(["export", str(tmp_path / "out"), "--dataset", str(root), "--speculator-type", kind]) == 2
+    assert f"--speculator-type {kind}: {reason}" in capfd.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_export_refuses_last_token_samples(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     recs, _ = records("last-1", tokens=1)
     manifest = orjson.loads(recs[-1].value)
