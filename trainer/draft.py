@@ -1,5 +1,6 @@
-"""``hsx train-draft``: train speculators' EAGLE-3 draft online, from
-``hidden_states.ready`` while extraction runs: no export, no second pass.
+"""``hsx train-draft``: train a speculators draft online (EAGLE-3 by default,
+``--speculator-type dflash`` or ``peagle``), from ``hidden_states.ready`` while
+extraction runs: no export, no second pass.
 
 It runs where speculators (0.9) is installed with hsx beside it (``make
 speculators`` builds such an environment: ``.venv-speculators/bin/hsx``); hsx's
@@ -9,9 +10,10 @@ What is speculators' own, unchanged:
 
 - **The draft**: built by ``speculators.train.cli.build_draft_model`` from a
   ``TrainConfig`` holding only the values given here, so every other setting
-  (one llama decoder layer, norms, muon optimizer, linear schedule, kl_div loss,
-  3 TTT steps, ...) is the default of ``speculators train --speculator-type
-  eagle3``; ``SAVE/run.yaml`` records the config as speculators does.
+  (for EAGLE-3 one llama decoder layer, norms, muon optimizer, linear schedule,
+  kl_div loss, 3 TTT steps, ...; for DFlash five qwen3 layers, 16-token blocks,
+  ...) is the default of ``speculators train --speculator-type T``;
+  ``SAVE/run.yaml`` records the config as speculators does.
 - **The draft vocabulary**: ``--draft-vocab-size N`` builds it with speculators'
   ``parse_vocab_mappings`` from ``SAVE/token_freq.pt`` (cached as
   ``SAVE/d2t-N.npy``, ``SAVE/t2d-N.npy``). An online job has no dataset to count
@@ -23,12 +25,13 @@ What is speculators' own, unchanged:
   speculators' own default.
 - **The step and the checkpoints**: speculators' ``Trainer`` (forward, loss,
   clipping, optimizer, schedule, ``SingleGPUCheckpointer``); batches are its
-  ``CollateFn`` with EAGLE-3's ``shift_batch``, the layout ``speculators train``
-  feeds it, built from hsx samples as its ``ArrowDataset`` builds them from an
-  export. ``SAVE/<n>/`` is what ``speculators train`` writes for epoch ``n``
-  (``config.json``, ``model.safetensors``, optimizer and scheduler state,
-  ``training_state.json``), and vLLM loads it with
-  ``speculative_config={"method": "eagle3", "model": "SAVE/<n>", ...}``.
+  ``CollateFn`` (with EAGLE-3's ``shift_batch`` for EAGLE-3 and P-EAGLE), the
+  layout ``speculators train`` feeds it, built from hsx samples as its
+  ``ArrowDataset`` builds them from an export. ``SAVE/<n>/`` is what
+  ``speculators train`` writes for epoch ``n`` (``config.json``,
+  ``model.safetensors``, optimizer and scheduler state,
+  ``training_state.json``), and vLLM serves it as ``vllm serve SAVE/<n>`` would
+  (``hsx eval-draft --draft SAVE/<n>``: the method read from its config).
 
 What is hsx's:
 
@@ -77,6 +80,7 @@ import torch.utils.data
 
 from hsx.dataset.reader import MissingShard, ShardHandles
 from hsx.dataset.storage import is_object_store, open_storage
+from hsx.drafts.draft_types import TYPES
 from hsx.runtime.checks import integer, number
 from hsx.runtime.errors import ServiceFailed
 from hsx.runtime.kafka import ensure_topics
@@ -131,8 +135,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loss-mask", choices=["all", "none"], default="all",
                         help="loss mask of samples stored without one (plain text): all = every token, "
                              "none = no token (such samples are skipped); default all")
+    parser.add_argument("--speculator-type", default="eagle3", metavar="TYPE",
+                        help=f"the draft type: {', '.join(TYPES)} (default %(default)s; speculators' own model, "
+                             "step and defaults for it)")
     parser.add_argument("--init-from", type=Path, metavar="DRAFT",
-                        help="warm-start from this EAGLE-3 checkpoint (its weights, vocabulary mapping and config: "
+                        help="warm-start from this checkpoint of --speculator-type (its weights, vocabulary mapping and config: "
                              "e.g. the draft a server serves), so each checkpoint is a drop-in for it; speculators' "
                              "--from-pretrained (default: a new draft)")
     gate = parser.add_argument_group("the gate (with --init-from: judge each checkpoint against the served draft)")
@@ -213,11 +220,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafka: KafkaSettings, topic: str,
            resumed: Resumed | None) -> int:
-    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.model import SpeculatorModel
     from speculators.train.cli import build_draft_model, parse_vocab_mappings, set_seed
     from speculators.train.config import TrainConfig
     from speculators.train.trainer import TrainerConfig
 
+    kind = TYPES[args.speculator_type]
     accelerated = torch.accelerator.is_available()
     save = str(args.save_path)
     # speculators resumes at the epoch after the last checkpoint, which may have ended early (the
@@ -226,7 +234,7 @@ def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafk
     epochs = (done_epochs + max(0, math.ceil((args.steps - done_steps) / args.checkpoint_every))
               if args.steps is not None else UNTIL_STOPPED)
     cfg = TrainConfig.from_flat({
-        "speculator_type": "eagle3", "seed": args.seed, "verifier_name_or_path": str(args.model.resolve()),
+        "speculator_type": kind.name, "seed": args.seed, "verifier_name_or_path": str(args.model.resolve()),
         "target_layer_ids": list(layout.aux), "draft_vocab_size": args.draft_vocab_size,
         # speculators keeps token_freq.pt and its cached d2t/t2d mapping in data_path
         "data_path": save, "save_path": save, "total_seq_len": args.total_seq_len,
@@ -236,6 +244,7 @@ def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafk
         "loss_implementation": args.loss_implementation or ("fused" if accelerated
                                                              else CPU_DEFAULTS["--loss-implementation"]),
         "optimizer": args.optimizer or ("muon" if accelerated else CPU_DEFAULTS["--optimizer"]),
+        **({} if accelerated else {"max_anchors": int(CPU_DEFAULTS["--max-anchors"])}),
         "epochs": epochs, "checkpoint_freq": 1, "max_steps": args.steps,
         # A schedule over steps no one knows would warm up for ever (1 % of them): constant instead.
         **({"scheduler_type": "none"} if args.steps is None else {}),
@@ -245,10 +254,11 @@ def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafk
     set_seed(spec.seed)
     cfg.save(save)
     d2t, t2d, draft_vocab_size = parse_vocab_mappings(spec)
-    model = build_draft_model(spec, Eagle3DraftModel, t2d, d2t, draft_vocab_size)
+    model_class = SpeculatorModel.registry[kind.name]
+    model = build_draft_model(spec, model_class, t2d, d2t, draft_vocab_size)
     if args.init_from is not None:  # weights in float32, as a new draft's, whatever dtype it was saved in (bf16)
         model = model.float()
-    train_kwargs, val_kwargs = Eagle3DraftModel.get_trainer_kwargs(**vars(spec))
+    train_kwargs, val_kwargs = model_class.get_trainer_kwargs(**vars(spec))
     dtype = getattr(torch, spec.hidden_states_dtype)
     # As speculators' own main() builds it, from the same resolved config.
     trainer_config = TrainerConfig(
@@ -273,8 +283,8 @@ def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafk
         margin=args.margin, layers=list(layout.aux), total_seq_len=args.total_seq_len, dtype=dtype,
         ttt_steps=spec.ttt_steps, attn_impl=spec.draft_attn_impl)
     loader = torch.utils.data.DataLoader(
-        PackedSamples(stream, args.total_seq_len), batch_size=None, num_workers=args.num_workers,
-        collate_fn=SpeculatorsBatch(args.total_seq_len, hidden_size, len(layout.aux), dtype),
+        PackedSamples(stream, args.total_seq_len, kind.shifted), batch_size=None, num_workers=args.num_workers,
+        collate_fn=SpeculatorsBatch(args.total_seq_len, hidden_size, len(layout.aux), dtype, kind.shifted),
         pin_memory=accelerated,  # as speculators' own loader, for the copy to the accelerator
         # the object-store client does not survive fork() (hsx.trainer.online)
         multiprocessing_context="forkserver" if args.num_workers and is_object_store(args.dataset) else None)

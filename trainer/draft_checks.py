@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from hsx.dataset.storage import is_object_store
+from hsx.drafts.checkpoint import read_draft
+from hsx.drafts.draft_types import draft_type
 from hsx.runtime.checks import model_dir, outside, writable_dir
 from hsx.runtime.errors import UsageError
 from hsx.schemas import HiddenStatesReady
@@ -46,9 +48,14 @@ def check_command_line(args: argparse.Namespace) -> dict[str, Any]:
     if args.layers is not None and max(args.layers) >= layers:
         raise UsageError(f"--layers {','.join(map(str, args.layers))}: the verifier has {layers} layers, so aux "
                          f"layer ids are 0..{layers - 1}")
+    kind = draft_type("--speculator-type", args.speculator_type)
     if args.init_from is not None:
         check_init_from(args, config)
     if args.promote_to is not None:
+        if kind.name != "eagle3":
+            raise UsageError(f"--promote-to with --speculator-type {kind.name}: the gate scores EAGLE-3 drafts only "
+                             "(their teacher-forced acceptance by position); train without --promote-to and measure "
+                             "checkpoints with hsx eval-draft")
         if args.init_from is None:
             raise UsageError("--promote-to judges checkpoints against the draft servers serve: give --init-from "
                              "that draft, so each checkpoint is a drop-in for it")
@@ -65,35 +72,25 @@ def check_command_line(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def check_init_from(args: argparse.Namespace, verifier: dict[str, Any]) -> None:
-    """``--init-from``: an EAGLE-3 checkpoint for this verifier, whose vocabulary
-    and aux layers the run keeps (``--draft-vocab-size`` and other ``--layers``
-    would make checkpoints the serving draft's server cannot swap in). Sets
-    ``args.layers`` and ``args.draft_vocab_size`` to the draft's."""
+    """``--init-from``: a checkpoint of ``--speculator-type`` for this verifier,
+    whose vocabulary and aux layers the run keeps (``--draft-vocab-size`` and
+    other ``--layers`` would make checkpoints the serving draft's server cannot
+    swap in). Sets ``args.layers`` and ``args.draft_vocab_size`` to the draft's."""
+    draft = read_draft("--init-from", args.init_from, (args.speculator_type,))
     flag = f"--init-from {args.init_from}"
-    try:
-        draft = json.loads((Path(args.init_from) / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{flag}: no readable config.json ({exc}): a checkpoint speculators or hsx train-draft "
-                         "saved") from None
-    if not isinstance(draft, dict) or draft.get("speculators_model_type") != "eagle3":
-        raise UsageError(f"{flag}: not an EAGLE-3 checkpoint (speculators_model_type "
-                         f"{draft.get('speculators_model_type') if isinstance(draft, dict) else None!r})")
-    if not any(Path(args.init_from).glob("*.safetensors")):
-        raise UsageError(f"{flag}: no *.safetensors weights beside config.json")
-    layer = draft.get("transformer_layer_config") or {}
-    if layer.get("vocab_size") != verifier["vocab_size"]:
-        raise UsageError(f"{flag}: a draft for a vocabulary of {layer.get('vocab_size')} tokens, the verifier has "
+    if draft.vocab_size != verifier["vocab_size"]:
+        raise UsageError(f"{flag}: a draft for a vocabulary of {draft.vocab_size} tokens, the verifier has "
                          f"{verifier['vocab_size']}")
-    aux = draft.get("eagle_aux_hidden_state_layer_ids")
-    if not isinstance(aux, list) or not aux:
-        raise UsageError(f"{flag}: its config names no eagle_aux_hidden_state_layer_ids")
+    aux = draft.aux_layer_ids
+    if aux is None:
+        raise UsageError(f"{flag}: its config names no {draft.kind.aux_key}")
     if args.layers is not None and list(args.layers) != aux:
         raise UsageError(f"{flag} reads aux layers {aux}: drop --layers (or give {','.join(map(str, aux))})")
     if args.draft_vocab_size is not None:
-        raise UsageError(f"{flag} keeps the draft's vocabulary ({draft.get('draft_vocab_size')} tokens and its "
-                         "mapping): drop --draft-vocab-size")
+        raise UsageError(f"{flag} keeps the draft's vocabulary ({draft.draft_vocab_size} tokens and its mapping): "
+                         "drop --draft-vocab-size")
     args.layers = aux
-    args.draft_vocab_size = draft.get("draft_vocab_size") or layer["vocab_size"]
+    args.draft_vocab_size = draft.draft_vocab_size
 
 
 def check_layout(first: HiddenStatesReady, args: argparse.Namespace, config: dict[str, Any]) -> LayerLayout:

@@ -1,6 +1,7 @@
 """``hsx train-draft``'s batches: the ready stream's samples packed in
-speculators' EAGLE-3 layout (its ``CollateFn`` with ``shift_batch``), handed to
-speculators' Trainer as epochs of a stream that has no end."""
+speculators' layout (its ``CollateFn``, with EAGLE-3's ``shift_batch`` for the
+types trained shifted), handed to speculators' Trainer as epochs of a stream
+that has no end."""
 
 from __future__ import annotations
 
@@ -19,47 +20,53 @@ from hsx.trainer.samples import TrainingSample
 
 class PackedSamples(torch.utils.data.IterableDataset[list[TrainingSample]]):
     """The stream's samples in groups that fill at most ``total_seq_len`` tokens
-    once shifted (EAGLE-3 trains on ``T - 1`` positions of a ``T``-token sample).
-    A sample that does not fit starts the next group, so none is cut, unless
-    it alone is longer than ``total_seq_len`` (speculators' collate cuts it)."""
+    as collated (``shifted``: EAGLE-3 trains on ``T - 1`` positions of a
+    ``T``-token sample, DFlash on ``T``). A sample that does not fit starts the
+    next group, so none is cut, unless it alone is longer than
+    ``total_seq_len`` (speculators' collate cuts it)."""
 
-    def __init__(self, stream: ReadyStream, total_seq_len: int) -> None:
+    def __init__(self, stream: ReadyStream, total_seq_len: int, shifted: bool = True) -> None:
         self.stream = stream
         self.total_seq_len = total_seq_len
+        self.shifted = shifted
 
     def __iter__(self) -> Iterator[list[TrainingSample]]:
-        return packed(self.stream, self.total_seq_len)
+        return packed(self.stream, self.total_seq_len, self.shifted)
 
 
-def packed(samples: Iterable[TrainingSample], total_seq_len: int) -> Iterator[list[TrainingSample]]:
-    """``samples`` in order, in groups that fill at most ``total_seq_len`` shifted
-    tokens; one longer than that alone in its group."""
+def packed(samples: Iterable[TrainingSample], total_seq_len: int, shifted: bool = True
+           ) -> Iterator[list[TrainingSample]]:
+    """``samples`` in order, in groups that fill at most ``total_seq_len`` tokens
+    as collated (one fewer a sample when ``shifted``); one longer than that
+    alone in its group."""
     group: list[TrainingSample] = []
     tokens = 0
     for sample in samples:
-        shifted = max(sample.num_tokens - 1, 0)
-        if group and tokens + shifted > total_seq_len:
+        collated = max(sample.num_tokens - int(shifted), 0)
+        if group and tokens + collated > total_seq_len:
             yield group
             group, tokens = [], 0
         group.append(sample)
-        tokens += shifted
+        tokens += collated
     if group:
         yield group
 
 
 class SpeculatorsBatch:
-    """speculators' ``CollateFn`` with ``shift_batch``, over samples given as its
+    """speculators' ``CollateFn`` (with ``shift_batch`` when ``shifted``, as its
+    train does for EAGLE-3 and P-EAGLE), over samples given as its
     ``ArrowDataset`` gives them (aux layers side by side, the last slot as the
     verifier's last hidden state, ``lengths`` and ``position_ids`` as its
     ``BaseDataset`` adds them). Adds ``positions`` for the commit. Picklable, for
     DataLoader workers."""
 
-    def __init__(self, total_seq_len: int, hidden_size: int, num_aux: int, dtype: torch.dtype) -> None:
+    def __init__(self, total_seq_len: int, hidden_size: int, num_aux: int, dtype: torch.dtype,
+                 shifted: bool = True) -> None:
         from speculators.models.eagle3.data import shift_batch
         from speculators.train.data import CollateFn
 
         self.collate = CollateFn(total_seq_len, hidden_size, num_target_layers=num_aux, dtype=dtype,
-                                 preprocess=shift_batch)
+                                 preprocess=shift_batch if shifted else None)
 
     def __call__(self, samples: list[TrainingSample]) -> dict[str, Any]:
         rows = [{"hidden_states": s.hidden_states[:, :-1].flatten(1), "input_ids": s.input_ids,

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hsx import models
+from hsx.drafts.draft_types import TYPES
 from hsx.local.training_data import TrainingDataSpec, write_training_dataset
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas.training import SpeculatorType
@@ -43,7 +44,8 @@ def offline_draft(tmp_path: Path, cache_dir: Path, speculator_type: SpeculatorTy
     return draft
 
 
-def online_draft(tmp_path: Path, cache_dir: Path, kafka: KafkaSettings) -> Path:
+def online_draft(tmp_path: Path, cache_dir: Path, kafka: KafkaSettings, speculator_type: SpeculatorType = "eagle3"
+                 ) -> Path:
     """Trained by ``hsx train-draft`` from a live stream of ready events, 3 steps."""
     tiny = models.prepare(cache_dir, names=["tiny-llama"])["tiny-llama"]
     config = json.loads((tiny / "config.json").read_text())
@@ -52,23 +54,28 @@ def online_draft(tmp_path: Path, cache_dir: Path, kafka: KafkaSettings) -> Path:
         hidden_size=config["hidden_size"], vocab=config["vocab_size"], model=str(tiny)), partitions=1)
     topic = publish_ready(kafka, events)
     steps, _ = train_draft(SPECULATORS_BIN / "hsx", kafka, topic, f"draft-{uuid.uuid4().hex}", tmp_path / "ds", tiny,
-                           tmp_path / "draft", "--steps", "3")
+                           tmp_path / "draft", "--steps", "3", "--speculator-type", speculator_type)
     assert [s["step"] for s in steps] == [1, 2, 3]
     draft = tmp_path / "draft" / "0"
-    assert json.loads((draft / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    config = json.loads((draft / "config.json").read_text())
+    assert config["speculators_model_type"] == speculator_type and config[TYPES[speculator_type].aux_key] == [1, 2, 3]
     return draft
 
 
-@pytest.mark.parametrize(("trained", "method"), [
-    ("offline", {"method": "eagle3"}), ("online", {"method": "eagle3"}),
-    ("offline-dflash", {"method": "dflash"}), ("offline-peagle", {"method": "eagle3", "parallel_drafting": True})])
+METHODS: dict[SpeculatorType, dict[str, object]] = {
+    "eagle3": {"method": "eagle3"}, "dflash": {"method": "dflash"},
+    "peagle": {"method": "eagle3", "parallel_drafting": True}}
+"""How vLLM serves each type (its SpeculatorsConfig's reading of the checkpoint)."""
+
+
+@pytest.mark.parametrize("kind", list(METHODS))
+@pytest.mark.parametrize("trained", ["offline", "online"])
 def test_eval_draft_reports_consistent_counts_and_identical_outputs(tmp_path: Path, cache_dir: Path,
                                                                     kafka: KafkaSettings, trained: str,
-                                                                    method: dict[str, object]) -> None:
+                                                                    kind: SpeculatorType) -> None:
     tiny = models.prepare(cache_dir, names=["tiny-llama"])["tiny-llama"]
-    kind: SpeculatorType = "eagle3" if "-" not in trained else trained.split("-")[1]  # type: ignore[assignment]
-    draft = online_draft(tmp_path, cache_dir, kafka) if trained == "online" else offline_draft(tmp_path, cache_dir,
-                                                                                               kind)
+    draft = (online_draft(tmp_path, cache_dir, kafka, kind) if trained == "online"
+             else offline_draft(tmp_path, cache_dir, kind))
     # EAGLE-3 drafts at K tokens a step; the others at what their checkpoint says (DFlash's block less one, ...)
     trained_for = json.loads((draft / "config.json").read_text())["speculators_config"]["proposal_methods"][0]
     k = K if kind == "eagle3" else trained_for["speculative_tokens"]
@@ -85,7 +92,7 @@ def test_eval_draft_reports_consistent_counts_and_identical_outputs(tmp_path: Pa
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(report_file.read_text())
     assert report["prompts"] == 3 and report["invalid_rows"] == 0
-    assert report["speculative_config"] == {**method, "model": str(draft), "num_speculative_tokens": k}
+    assert report["speculative_config"] == {**METHODS[kind], "model": str(draft), "num_speculative_tokens": k}
     assert report["outputs_identical"] and report["differing_prompts"] == []
     assert report["generated_tokens_with_draft"] == report["generated_tokens_without_draft"] > 0
     assert report["drafts"] > 0 and report["draft_tokens"] == k * report["drafts"]

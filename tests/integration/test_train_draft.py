@@ -204,7 +204,10 @@ def test_a_draft_warm_started_from_a_served_one_stays_a_drop_in_for_it(
     (["--layers", "1,7"], "--layers 1,7: the verifier has 4 layers, so aux layer ids are 0..3"),
     ([], "needs speculators beside hsx"),  # hsx's own environment (vLLM), where this test runs, lacks it
     (["--dataset", "/nonexistent/ds"], "--dataset /nonexistent/ds: no such directory, nor its parent"),
-    (["--init-from", "/nonexistent/draft"], "--init-from /nonexistent/draft: no readable config.json"),
+    (["--init-from", "/nonexistent/draft"], "--init-from /nonexistent/draft: no such directory"),
+    (["--speculator-type", "mtp"], "--speculator-type mtp: refused: MTP drafts are trained on the verifier's own"),
+    (["--speculator-type", "dflash", "--promote-to", "/nonexistent/drafts"],
+     "--promote-to with --speculator-type dflash: the gate scores EAGLE-3 drafts only"),
 ])
 def test_bad_input_is_one_line_before_anything_starts(tmp_path: Path, tiny: Path, restore_root_logging: None,
                                                       capsys: pytest.CaptureFixture[str], flags: list[str],
