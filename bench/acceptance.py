@@ -1,6 +1,7 @@
-"""The acceptance benchmark: EAGLE-3 drafts trained on hsx data, measured where
-it counts, by the tokens vLLM's speculative decoding accepts on prompts training
-never saw (SmolLM2-135M-Instruct, CPU, 3 speculative tokens, greedy).
+"""The acceptance benchmark: drafts trained on hsx data (EAGLE-3, DFlash,
+P-EAGLE), measured where it counts, by the tokens vLLM's speculative decoding
+accepts on prompts training never saw (SmolLM2-135M-Instruct, CPU, greedy;
+EAGLE-3 at 3 speculative tokens, the others at their checkpoints').
 
 Stages, each run once and resumed where it stopped (its figures go to
 ``WORK/figures/STAGE.json`` when it is done; a stage runs the ones it needs):
@@ -33,6 +34,11 @@ Stages, each run once and resumed where it stopped (its figures go to
      learning rate on (a)'s schedule (``--steps`` of (a)'s steps). It is set
      beside (a) after one of its four epochs, the same samples and about the
      same steps (the online arm also trains on the 10 % speculators holds out).
+   - ``dflash``, ``peagle`` (:data:`TYPE_ARMS`): DFlash and P-EAGLE drafts
+     trained as (a) on the same export with ``--speculator-type`` (speculators'
+     defaults for the type: DFlash's 16-token blocks, 15 draft tokens a step;
+     P-EAGLE's 8), and ``TYPE_reference`` / ``TYPE_shifted`` as (c) and (d);
+     vLLM serves each with the method it reads from the checkpoint.
 
     python -m bench.acceptance [--work DIR] [--only STAGE ...] [--out FILE] [--quick]
 
@@ -193,7 +199,7 @@ def export(work: Work) -> dict[str, Any]:
 def arm_flags(work: Work, arm: str, data: str | None = None) -> dict[str, list[str]]:
     """The flags of the command ``hsx export`` printed, :data:`TRAIN_FLAGS` over
     them, on the export of arm ``data`` (default: the arm's own) and into the
-    arm's draft folder."""
+    arm's draft folder; a draft type's arm (:data:`TYPE_ARMS`) trains that type."""
     printed = json.loads(work.figures("export").read_text())["acceptance_printed_command"].split()
     assert printed[:2] == ["speculators", "train"], printed
     flags: dict[str, list[str]] = {}
@@ -206,6 +212,9 @@ def arm_flags(work: Work, arm: str, data: str | None = None) -> dict[str, list[s
     flags["--epochs"] = [str(work.scale.epochs)]
     flags["--data-path"] = [str(work.export(data or arm))]
     flags["--save-path"] = [str(work.draft(arm))]
+    kind = arm.split("_")[0]
+    if kind in TYPE_ARMS:
+        flags["--speculator-type"] = [kind]
     return flags
 
 
@@ -231,7 +240,8 @@ def evaluate(work: Work, name: str, draft: Path, key: str | None = None,
         report.write_text(json.dumps(result, indent=2))
         partial.unlink()
     result = json.loads(report.read_text())
-    keys = ("acceptance_length", "per_position", "drafts", "draft_tokens", "accepted_tokens", "outputs_identical",
+    keys = ("acceptance_length", "per_position", "num_speculative_tokens", "drafts", "draft_tokens",
+            "accepted_tokens", "outputs_identical",
             "differing_prompts", "tokens_per_s_with_draft", "tokens_per_s_without_draft", "prompts", "eval_s")
     return {f"acceptance_{key or name}_{figure}": result[figure] for figure in keys if figure in result}
 
@@ -249,16 +259,17 @@ def untrained(work: Work) -> dict[str, Any]:
     return evaluate(work, "untrained", untrained_draft(work))
 
 
-def train_arm(work: Work, arm: str, epochs: int | None = None) -> dict[str, Any]:
-    """Train for ``epochs`` of the schedule's epochs (default all; resuming
-    speculators' last checkpoint) and measure that epoch's checkpoint."""
+def train_arm(work: Work, arm: str, epochs: int | None = None, data: str | None = None) -> dict[str, Any]:
+    """Train on the export of arm ``data`` (default the arm's own) for ``epochs``
+    of the schedule's epochs (default all; resuming speculators' last
+    checkpoint) and measure that epoch's checkpoint."""
     epochs = epochs or work.scale.epochs
     draft = work.draft(arm)
     checkpoint = draft / str(epochs - 1)
     timing = draft / "hsx_train_s.json"
     trained = json.loads(timing.read_text())["train_s"] if timing.exists() else 0.0
     if not (checkpoint / "val_metrics.json").exists():  # written last, after speculators' validation
-        training = Spawned([speculators_python(), "-m", "hsx.trainer.speculators_cpu", *train_flags(work, arm)],
+        training = Spawned([speculators_python(), "-m", "hsx.trainer.speculators_cpu", *train_flags(work, arm, data)],
                            work.log(f"train-{arm}"))
         while training.running() and not (checkpoint / "val_metrics.json").exists():
             time.sleep(5)
@@ -297,22 +308,49 @@ def float32(work: Work) -> dict[str, Any]:
     return evaluate(work, "offline_float32", final, flags=("--dtype", "float32"))
 
 
-def reference(work: Work) -> dict[str, Any]:
+def reference_export(work: Work) -> dict[str, Any]:
+    """(c)'s data: HF transformers' hidden states in speculators' layout."""
     from bench.acceptance_arms import write_reference_export
 
     started = time.monotonic()
     if not (work.export("reference") / "hsx_export.json").exists():
         write_reference_export(work.export(), work.export("reference"), model_dir())
-    made = round(time.monotonic() - started, 1)
-    return {"acceptance_reference_hf_s": made, **train_arm(work, "reference", work.epochs)}
+    return {"acceptance_reference_hf_s": round(time.monotonic() - started, 1)}
 
 
-def shifted(work: Work) -> dict[str, Any]:
+def shifted_export(work: Work) -> dict[str, Any]:
+    """(d)'s data: the export shifted one position."""
     from bench.acceptance_arms import write_shifted_export
 
     if not (work.export("shifted") / "hsx_export.json").exists():
         write_shifted_export(work.export(), work.export("shifted"))
-    return train_arm(work, "shifted", work.epochs)
+    return {}
+
+
+def reference(work: Work) -> dict[str, Any]:
+    return {**reference_export(work), **train_arm(work, "reference", work.epochs)}
+
+
+def shifted(work: Work) -> dict[str, Any]:
+    return {**shifted_export(work), **train_arm(work, "shifted", work.epochs)}
+
+
+TYPE_ARMS = ("dflash", "peagle")
+"""Draft types beside EAGLE-3 (:mod:`hsx.drafts.draft_types`), each trained as
+(a), (c) and (d) are, with ``--speculator-type`` and speculators' defaults for
+that type: ``TYPE`` on the export, ``TYPE_reference`` on (c)'s data,
+``TYPE_shifted`` on (d)'s."""
+
+
+def type_arm(kind: str, data: str) -> Callable[[Work], dict[str, Any]]:
+    """The stage training draft type ``kind`` on the export of arm ``data``."""
+    arm = kind if data == "offline" else f"{kind}_{data}"
+
+    def stage(work: Work) -> dict[str, Any]:
+        if data != "offline":
+            {"reference": reference_export, "shifted": shifted_export}[data](work)
+        return train_arm(work, arm, None if data == "offline" else work.epochs, data)
+    return stage
 
 
 def online(work: Work) -> dict[str, Any]:
@@ -408,9 +446,11 @@ STAGES: dict[str, tuple[Callable[[Work], dict[str, Any]], tuple[str, ...]]] = {
     "reference": (reference, ("export",)),
     "shifted": (shifted, ("export",)),
     "online": (online, ("offline",)),
+    **{arm: (type_arm(kind, data), ("export",)) for kind in TYPE_ARMS
+       for data, arm in (("offline", kind), ("reference", f"{kind}_reference"), ("shifted", f"{kind}_shifted"))},
 }
 """Each stage, and the stages it needs done first."""
-EPOCH_ARMS = ("reference", "shifted")
+EPOCH_ARMS = ("reference", "shifted", *(f"{kind}_{data}" for kind in TYPE_ARMS for data in ("reference", "shifted")))
 """The arms ``--epochs`` may stop early (training again resumes their last checkpoint)."""
 
 

@@ -16,7 +16,15 @@ ARMS = (
     ("shifted", "(d) control: hsx's hidden states one position late"),
     ("untrained", "(e) untrained: speculators' `--dry-run` draft"),
     ("offline_float32", "(a) again, verifier and draft in float32"),
+    ("dflash", "(f) DFlash: (a)'s export, `--speculator-type dflash`"),
+    ("dflash_reference", "(f) DFlash on (c)'s HF hidden states"),
+    ("dflash_shifted", "(f) DFlash on (d)'s shifted control"),
+    ("peagle", "(g) P-EAGLE: (a)'s export, `--speculator-type peagle`"),
+    ("peagle_reference", "(g) P-EAGLE on (c)'s HF hidden states"),
+    ("peagle_shifted", "(g) P-EAGLE on (d)'s shifted control"),
 )
+TYPES = ("offline", "dflash", "peagle")
+"""Each draft type's arm on hsx's export (EAGLE-3's is (a))."""
 TARGETS = (
     ("mean acceptance length, (a)", "≥ 2.0", lambda r: _get(r, "offline", "acceptance_length"),
      lambda v: v >= 2.0),
@@ -28,6 +36,12 @@ TARGETS = (
      lambda v: abs(v) <= 0.05),
     ("(a) − (d) shifted control, after as many epochs", "at least 0.5",
      lambda r: _gap(r, _peer(r, "shifted"), "shifted"), lambda v: v >= 0.5),
+    *((f"{name} on hsx ÷ on HF's hidden states ({arm} ÷ {arm}_reference)", "within 5 %",
+       lambda r, arm=arm: _ratio(r, arm, f"{arm}_reference"), lambda v: abs(v - 1) <= 0.05)
+      for arm, name in (("dflash", "DFlash"), ("peagle", "P-EAGLE"))),
+    ("best acceptance length, any type, on hsx data", "≥ 2.5",
+     lambda r: max((x for arm in TYPES if (x := _get(r, arm, "acceptance_length")) is not None), default=None),
+     lambda v: v >= 2.5),
 )
 
 
@@ -46,6 +60,11 @@ def _gap(r: Results, a: str, b: str) -> float | None:
     return None if x is None or y is None else round(x - y, 3)
 
 
+def _ratio(r: Results, a: str, b: str) -> float | None:
+    x, y = _get(r, a, "acceptance_length"), _get(r, b, "acceptance_length")
+    return None if x is None or not y else round(x / y, 3)
+
+
 def _cell(value: Any) -> str:
     if isinstance(value, list):
         return " / ".join(f"{x:.3f}" for x in value)
@@ -55,10 +74,11 @@ def _cell(value: Any) -> str:
 def _arm_rows(r: Results) -> Iterator[Cells]:
     for arm, what in ARMS:
         if _get(r, arm, "acceptance_length") is None:
-            yield (what, "not run yet", "", "", "", "", "", "")
+            yield (what, "not run yet", "", "", "", "", "", "", "")
             continue
         identical = _get(r, arm, "outputs_identical")
-        yield (what, fmt(_get(r, arm, "epochs")), _cell(_get(r, arm, "acceptance_length")),
+        yield (what, fmt(_get(r, arm, "epochs")), fmt(_get(r, arm, "num_speculative_tokens") or 3),
+               _cell(_get(r, arm, "acceptance_length")),
                _cell(_get(r, arm, "per_position")),
                f"{fmt(_get(r, arm, 'accepted_tokens'))} / {fmt(_get(r, arm, 'draft_tokens'))}",
                f"{fmt(_get(r, arm, 'tokens_per_s_with_draft'))} / {fmt(_get(r, arm, 'tokens_per_s_without_draft'))}",
@@ -79,17 +99,20 @@ def _curve_rows(r: Results) -> Iterator[Cells]:
 
 ACCEPTANCE: tuple[Block, ...] = (When("acceptance_train_prompts", (
     "## Drafts trained on hsx data, measured in vLLM",
-    "EAGLE-3 drafts for SmolLM2-135M-Instruct trained by speculators (0.9) on {acceptance_samples} chats whose "
+    "Drafts for SmolLM2-135M-Instruct (EAGLE-3; DFlash and P-EAGLE in (f) and (g), each type with speculators' "
+    "defaults for it) trained by speculators (0.9) on {acceptance_samples} chats whose "
     "answers the verifier regenerated (`hsx run --generate {acceptance_generate!s}`: "
     "{acceptance_train_prompts} prompts from the documentation of {acceptance_train_sources} installed packages, "
     "{acceptance_supervised_tokens} answer tokens), then measured by `hsx eval-draft` (vLLM's own speculative-"
-    "decoding counters; 3 speculative tokens, greedy, up to 128 tokens) on {acceptance_eval_prompts} held-out chats "
+    "decoding counters; greedy, up to 128 tokens; EAGLE-3 at 3 speculative tokens, DFlash and P-EAGLE at their "
+    "checkpoints' 15 and 8) on {acceptance_eval_prompts} held-out chats "
     "from another source (CPython's help topics). Every arm trains with the same flags: the command `hsx export` "
     "prints, with a draft vocabulary of 8,192, 2,048-token batches, 4 epochs, seed 0 "
     "(`bench.acceptance.TRAIN_FLAGS`). (c) and (d) may stop after fewer epochs of the same schedule "
     "(`--epochs`) and are then set beside (a)'s checkpoint after as many; (b) reads the stream once, beside (a) "
     "after one epoch.",
-    Table(("arm", "epochs", "acceptance length", "per position", "accepted / drafted", "tokens/s with / without",
+    Table(("arm", "epochs", "draft tokens a step", "acceptance length", "per position", "accepted / drafted",
+           "tokens/s with / without",
            "greedy outputs identical", "training s"), _arm_rows),
     Table(("figure", "value", "target", "met"), _target_rows),
     When("acceptance_offline_curve", (
