@@ -336,7 +336,7 @@ def shifted(work: Work) -> dict[str, Any]:
 
 
 TYPE_ARMS = ("dflash", "peagle")
-"""Draft types beside EAGLE-3 (:mod:`hsx.drafts.draft_types`), each trained as
+"""Draft types beside EAGLE-3 (:mod:`hsx.runtime.draft_types`), each trained as
 (a), (c) and (d) are, with ``--speculator-type`` and speculators' defaults for
 that type: ``TYPE`` on the export, ``TYPE_reference`` on (c)'s data,
 ``TYPE_shifted`` on (d)'s."""

@@ -7,8 +7,8 @@ draft served static, on traffic the draft never saw (SmolLM2-135M-Instruct, CPU,
    :data:`STATIC` scale, in ``WORK/static``), or ``--static DIR`` (e.g. ``make
    acceptance``'s offline draft); ``untrained``: speculators' ``--dry-run`` draft
    of the same export.
-2. The stream: :data:`STREAM` requests for code (:mod:`bench.loop_prompts`),
-   a shift the chat-trained draft never saw, sent in windows of :data:`WINDOW`
+2. The stream: ``FULL.stream`` requests for code (:mod:`bench.loop_prompts`),
+   a shift the chat-trained draft never saw, sent in windows of ``FULL.window``
    requests at concurrency :data:`CONCURRENCY`, temperature 0: the same prompts
    in the same order to each arm (after :data:`WARM_UP` chat requests), a
    window's requests all answered before the next window starts.
@@ -91,7 +91,7 @@ class Sizes:
 
 
 STATIC = Scale(train_prompts=480, eval_prompts=24, max_tokens=128, epochs=2, curve=(2,))
-FULL = Sizes(static=STATIC, stream=320, window=40, max_tokens=96, capture_bursts=((1, 6), (8, 24)),
+FULL = Sizes(static=STATIC, stream=480, window=60, max_tokens=96, capture_bursts=((1, 6), (8, 24)),
              capture_rounds=3)
 QUICK_SIZES = Sizes(static=QUICK, stream=32, window=16, max_tokens=32, capture_bursts=((1, 2), (8, 8)),
                     capture_rounds=1)

@@ -17,7 +17,7 @@ on every token (``all``) or on none (``none``: such rows are dropped)."""
 
 SpeculatorType = Literal["eagle3", "dflash", "peagle"]
 """The draft types hsx feeds: speculators' ``--speculator-type`` and a saved
-draft's ``speculators_model_type`` (what each needs: :mod:`hsx.drafts.draft_types`)."""
+draft's ``speculators_model_type`` (what each needs: :mod:`hsx.runtime.draft_types`)."""
 
 SERVED_AUX_LAYERS = 3
 """Aux layers vLLM builds an EAGLE-3 draft's input for when the draft's model

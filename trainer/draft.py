@@ -80,7 +80,7 @@ import torch.utils.data
 
 from hsx.dataset.reader import MissingShard, ShardHandles
 from hsx.dataset.storage import is_object_store, open_storage
-from hsx.drafts.draft_types import TYPES
+from hsx.runtime.draft_types import TYPES
 from hsx.runtime.checks import integer, number
 from hsx.runtime.errors import ServiceFailed
 from hsx.runtime.kafka import ensure_topics

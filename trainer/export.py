@@ -1,6 +1,6 @@
 """``hsx export --format speculators [--speculator-type T] OUT``: the offline
 layout of speculators' trainer (0.5+, checked against 0.9.0), which every draft
-type hsx feeds reads (:mod:`hsx.drafts.draft_types`: EAGLE-3, DFlash, P-EAGLE;
+type hsx feeds reads (:mod:`hsx.runtime.draft_types`: EAGLE-3, DFlash, P-EAGLE;
 the type only changes the printed train command)::
 
     OUT/                                     Arrow dataset (datasets.save_to_disk): input_ids, loss_mask, seq_len
@@ -37,7 +37,7 @@ from safetensors.torch import save_file
 from hsx.dataset.inspect import DATASET
 from hsx.dataset.shards import INDEX
 from hsx.dataset.storage import is_object_store
-from hsx.drafts.draft_types import REFUSED, TYPES, draft_type
+from hsx.runtime.draft_types import REFUSED, TYPES, draft_type
 from hsx.runtime.checks import existing_dir, new_dir, outside
 from hsx.runtime.errors import UsageError
 from hsx.schemas.training import ExportMetadata, LossMaskPolicy, SpeculatorType

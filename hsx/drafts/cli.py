@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 
 from hsx.drafts.acceptance import EvalSettings, evaluate, prepare_prompts
-from hsx.drafts.checkpoint import check_verifier, read_draft
+from hsx.runtime.draft_checkpoint import check_verifier, read_draft
 from hsx.extractor.cli import DTYPES, engine_arg, model_and_layers
 from hsx.producer.cli import add_input_arguments, input_from_args
 from hsx.producer.publisher import InvalidPolicy

@@ -11,7 +11,7 @@ from typing import Any
 
 from hsx.dataset.draft_store import DraftStore
 from hsx.dataset.storage import is_object_store
-from hsx.drafts.checkpoint import check_verifier, read_draft
+from hsx.runtime.draft_checkpoint import check_verifier, read_draft
 from hsx.extractor.cli import check_layout, model_and_layers
 from hsx.extractor.engine import EngineOptions
 from hsx.runtime.checks import model_dir, writable_dir

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from hsx import models
-from hsx.drafts.draft_types import TYPES
+from hsx.runtime.draft_types import TYPES
 from hsx.local.training_data import TrainingDataSpec, write_training_dataset
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas.training import SpeculatorType

@@ -61,11 +61,17 @@ def test_the_page_shows_arms_run_and_not_run_and_compares_arms_after_as_many_epo
                "acceptance_shifted_epochs": 4, "acceptance_reference_epochs": 1,
                "acceptance_reference_acceptance_length": 1.52, "acceptance_reference_per_position": [0.4, 0.1, 0.02],
                "acceptance_reference_outputs_identical": True,
-               "acceptance_shifted_outputs_identical": False, "acceptance_shifted_differing_prompts": ["a", "b"]}
+               "acceptance_shifted_outputs_identical": False, "acceptance_shifted_differing_prompts": ["a", "b"],
+               "acceptance_dflash_acceptance_length": 2.6, "acceptance_dflash_num_speculative_tokens": 15,
+               "acceptance_dflash_per_position": [0.6] * 15, "acceptance_dflash_reference_acceptance_length": 2.5}
     page = report.render(results)
     section = page[page.index("## Drafts trained"):]
-    assert "| (a) offline: `hsx export` + speculators' `train` | 4 | 1.900 | 0.500 / 0.250 / 0.150 |" in section
-    assert "| (c) reference: HF transformers' hidden states, same rows | 1 | 1.520 |" in section
+    assert "| (a) offline: `hsx export` + speculators' `train` | 4 | 3 | 1.900 | 0.500 / 0.250 / 0.150 |" in section
+    assert "| (c) reference: HF transformers' hidden states, same rows | 1 | 3 | 1.520 |" in section
+    assert "| (f) DFlash: (a)'s export, `--speculator-type dflash` | – | 15 | 2.600 |" in section
+    assert "| (g) P-EAGLE: (a)'s export, `--speculator-type peagle` | not run yet |" in section
+    assert "| DFlash on hsx ÷ on HF's hidden states (dflash ÷ dflash_reference) | 1.040 | within 5 % | yes |" in section
+    assert "| best acceptance length, any type, on hsx data | 2.600 | ≥ 2.5 | yes |" in section
     assert "| (b) online: `hsx train-draft` while `hsx run` extracts, one pass | not run yet |" in section
     assert "**no**: 2 prompts" in section
     assert "| (a) − (c) reference, after as many epochs | -0.020 | within 0.05 | yes |" in section  # beside epoch 1

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from hsx.drafts.checkpoint import check_verifier, read_draft
-from hsx.drafts.draft_types import TYPES
+from hsx.runtime.draft_checkpoint import check_verifier, read_draft
+from hsx.runtime.draft_types import TYPES
 from hsx.runtime.errors import UsageError
 
 VERIFIER = SimpleNamespace(hidden_size=128, vocab_size=1000, num_hidden_layers=4)

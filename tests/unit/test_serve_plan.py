@@ -74,7 +74,7 @@ def test_a_draft_is_served_with_eagle3_and_its_layers_captured(model: Path, tmp_
 @pytest.mark.parametrize(("draft_kwargs", "argv", "message"), [
     ({}, ["--layers", "1,4"], "--layers and --draft"),
     ({"vocab": 999}, [], "is not a draft for this model"),
-    ({"kind": "dflash"}, [], "not an EAGLE-3 checkpoint"),
+    ({"kind": "dflash"}, [], "this takes EAGLE-3 checkpoints"),
 ])
 def test_a_draft_that_does_not_fit_is_refused_before_the_start(model: Path, tmp_path: Path,
                                                                 draft_kwargs: dict[str, object], argv: list[str],

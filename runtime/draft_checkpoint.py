@@ -1,5 +1,5 @@
 """A draft checkpoint as speculators saves it (``config.json`` with its
-``speculators_model_type``, one of :mod:`hsx.drafts.draft_types`, weights in
+``speculators_model_type``, one of :mod:`hsx.runtime.draft_types`, weights in
 ``*.safetensors``), read without loading a tensor, and checked against the
 verifier it is to draft for: the mistakes that vLLM would otherwise report
 minutes later, in a traceback."""
@@ -13,7 +13,7 @@ from typing import Any
 
 from safetensors import SafetensorError, safe_open
 
-from hsx.drafts.draft_types import REFUSED, TYPES, DraftType
+from hsx.runtime.draft_types import REFUSED, TYPES, DraftType
 from hsx.runtime.errors import UsageError
 from hsx.schemas.training import SERVED_AUX_LAYERS
 
