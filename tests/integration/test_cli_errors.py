@@ -133,7 +133,8 @@ LOCAL = [
     (["eval-draft", "{prompts}", "--model", "{tiny}", "--draft", "/nonexistent"], USAGE,
      "hsx eval-draft: --draft /nonexistent: no such directory"),
     (["eval-draft", "{prompts}", "--model", "{tiny}", "--draft", "{tiny}"], USAGE,
-     "--draft {tiny}: not an EAGLE-3 checkpoint (config.json's speculators_model_type is None"),
+     "--draft {tiny}: config.json's speculators_model_type is None; this takes EAGLE-3, DFlash or P-EAGLE "
+     "checkpoints"),
     (["eval-draft", "{prompts}", "--model", "{tiny}", "--draft", "{empty}"], USAGE,
      "--draft {empty}: no config.json, so not a draft checkpoint"),
     (["eval-draft", "{prompts}", "--model", "{tiny}", "--draft", "{draft}/no-weights"], USAGE,
