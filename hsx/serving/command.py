@@ -36,6 +36,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from hsx.dataset.draft_store import DraftStore
 from hsx.dataset.storage import is_object_store
 from hsx.extractor.cli import add_model_arguments
 from hsx.extractor.engine import EngineOptions, engine_speculative_config, kv_transfer_config
@@ -49,6 +50,7 @@ from hsx.serving.learning import Learning
 from hsx.serving.pipeline import Drained, dataset_side
 from hsx.serving.plan import ServePlan, plan_from_args
 from hsx.serving.reports import ReportReceiver
+from hsx.serving.rollbacks import Rollbacks
 from hsx.summary import render
 
 SERVER = "vllm.entrypoints.openai.api_server"
@@ -187,9 +189,11 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
             print(f"hsx serve: serving {plan.model_name or plan.engine.model} at http://{plan.host}:{plan.port}/v1 "
                   f"(hsx metrics at http://{plan.host}:{health.port}/metrics){announced}; Ctrl-C to stop",
                   file=sys.stderr, flush=True)
+        store = DraftStore(plan.drafts) if plan.drafts is not None else None
+        rollbacks = Rollbacks(store, str(plan.engine.draft)) if store is not None else None
         learning = None
-        if ready and plan.learn is not None and pipeline is not None and plan.output is not None:
-            learning = Learning(plan.learn, str(plan.engine.draft), plan.engine.model, plan.output,
+        if ready and plan.learn is not None and store is not None and pipeline is not None and plan.output is not None:
+            learning = Learning(plan.learn, store, str(plan.engine.draft), plan.engine.model, plan.output,
                                 pipeline.kafka.bootstrap, pipeline.topics.ready, logs, accelerated=_accelerated())
             trainer = learning.trainer
             stack.callback(lambda: trainer.exited() is None and trainer.kill())
@@ -197,8 +201,10 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
                   file=sys.stderr, flush=True)
         while not stop.is_set() and server.exited() is None:
             stop.wait(0.5)
+            if rollbacks is not None:
+                rollbacks.check(reports.drafts, reports.acceptance)
             if learning is not None:
-                learning.tick(reports.drafts, reports.acceptance)
+                learning.tick()
         failures = learning.stop() if learning is not None else []
         failures += server.drain(plan.shutdown_timeout + 120, "vLLM's server")  # step 6
         reports.close()
@@ -207,13 +213,13 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
         reports.settle_samples(drained.unconfirmed)
         if pipeline is not None:
             failures += pipeline.stop()
-        return _summarize(plan, reports, drained, failures, time.monotonic() - started, learning)
+        return _summarize(plan, reports, drained, failures, time.monotonic() - started, learning, rollbacks)
 
 
 def _summarize(plan: ServePlan, reports: ReportReceiver, drained: Drained, failures: list[str], seconds: float,
-               learning: Learning | None) -> int:
+               learning: Learning | None, rollbacks: Rollbacks | None) -> int:
     """Step 7: the summary table, every lost capture named on stderr, the exit status."""
-    print(render(_rows(plan, reports, drained, seconds, learning)), flush=True)
+    print(render(_rows(plan, reports, drained, seconds, learning, rollbacks)), flush=True)
     lost = reports.files.failed + len(reports.files.lost) + reports.samples.failed + drained.lost
     for failure in failures:
         print(f"hsx serve: {failure}", file=sys.stderr)
@@ -262,7 +268,7 @@ def _answers(server: HsxService, reports: ReportReceiver) -> tuple[bool, str]:
 
 
 def _rows(plan: ServePlan, reports: ReportReceiver, drained: Drained, seconds: float,
-          learning: Learning | None) -> list[tuple[str, str]]:
+          learning: Learning | None, rollbacks: Rollbacks | None) -> list[tuple[str, str]]:
     """The summary table's rows."""
     rows = [("served for", f"{seconds:,.0f} s")]
     for name, tally, on in (("files", reports.files, plan.files is not None),
@@ -278,6 +284,8 @@ def _rows(plan: ServePlan, reports: ReportReceiver, drained: Drained, seconds: f
                  (f"{name} capture lag p50 / p99", "-" if p50 is None else f"{p50:.3f} / {p99:.3f} s")]
     if plan.engine.draft is not None:
         rows += reports.draft_rows(plan.engine.draft)
+    if rollbacks is not None:
+        rows.append(("drafts rolled back", f"{rollbacks.count:,}"))
     if learning is not None:
         rows += learning.rows()
     if plan.output is not None:

@@ -13,10 +13,10 @@ checkpoint on held-out served samples and promotes the better ones to
    the environment that has speculators (``--trainer-python``), its checkpoints
    in ``DIR/trainer/<ready topic>``.
 3. While serving, a trainer that died is started again (it resumes from its
-   last checkpoint and offsets; the server serves on with its draft meanwhile),
-   and a promoted draft whose live acceptance (its latest requests,
-   :mod:`hsx.serving.acceptance`) falls below the draft before it by more than the
-   noise is rolled back: the earlier draft is promoted again, as a new version.
+   last checkpoint and offsets; the server serves on with its draft meanwhile).
+   A promoted draft that serves worse than the one before is rolled back by the
+   server itself, as every server following a drafts store does
+   (:mod:`hsx.serving.rollbacks`).
 4. On SIGTERM the trainer is stopped first (it checkpoints, commits and judges
    what it trained), then the server drains.
 """
@@ -30,20 +30,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Gauge
 
 from hsx.dataset.draft_store import DraftStore
 from hsx.local.spawn import HsxService
 from hsx.runtime.errors import ExitCode, UsageError
-from hsx.schemas.drafts import PromotedDraft
-from hsx.schemas.reports import DraftSwapReport
-from hsx.serving.acceptance import LiveAcceptance, regressed
 from hsx.trainer.gate import outcome_counts
 
 log = logging.getLogger(__name__)
-
-ROLLBACKS = Counter("hsx_serve_draft_rollbacks", "Promoted drafts rolled back: their live acceptance fell below the "
-                    "draft before them by more than the noise")
 
 TRAINER_STEP = Gauge("hsx_serve_trainer_step", "The trainer's latest training step")
 TRAINER_LOSS = Gauge("hsx_serve_trainer_loss", "The trainer's loss at its latest step")
@@ -85,10 +79,11 @@ def learn_plan(save_path: str, trainer_python: str | None, checkpoint_every: int
 class Learning:
     """Steps 2-4, beside a server that answers: call :meth:`tick` while it serves."""
 
-    def __init__(self, plan: LearnPlan, draft: str, model: str, dataset: str, bootstrap: str, ready_topic: str,
-                 logs: Path, accelerated: bool) -> None:
-        """Step 2: ``hsx train-draft`` warm-started from the draft served now."""
-        self.store = DraftStore(plan.drafts)
+    def __init__(self, plan: LearnPlan, store: DraftStore, draft: str, model: str, dataset: str, bootstrap: str,
+                 ready_topic: str, logs: Path, accelerated: bool) -> None:
+        """Step 2: ``hsx train-draft`` warm-started from the draft served now
+        (``store``'s, the drafts store at ``plan.drafts``)."""
+        self.store = store
         promoted = self.store.promoted()
         start = promoted.path if promoted is not None else draft
         cpu = [] if accelerated else ["--hidden-states-dtype", "float32", "--total-seq-len", "2048",
@@ -100,16 +95,14 @@ class Learning:
                 "--checkpoint-every", str(plan.checkpoint_every), *cpu]
         self.trainer = HsxService("trainer", args, logs, health=False, python=plan.trainer_python,
                                   with_parent=True).start()
-        self.rollbacks = Rollbacks(self.store, draft)
         self.restarts = 0
         self._next_start = 0.0
         self._gave_up = False
         self._progress = TrainerProgress()
         self._next_metrics = 0.0
 
-    def tick(self, reports: list[DraftSwapReport], live: LiveAcceptance) -> None:
+    def tick(self) -> None:
         """Step 3, and the learning metrics."""
-        self.rollbacks.check(reports, live)
         if time.monotonic() >= self._next_metrics:
             self._next_metrics = time.monotonic() + METRICS_EVERY
             self._progress.read(self.trainer.log_path())
@@ -134,43 +127,11 @@ class Learning:
         """The summary's rows on learning."""
         counts = outcome_counts(self.store.decisions())
         return [("checkpoints judged", ", ".join(f"{n:,} {outcome}" for outcome, n in counts.items())),
-                ("drafts rolled back", f"{self.rollbacks.count:,}"),
                 ("trainer restarts", f"{self.restarts:,}")]
 
     def stop(self) -> list[str]:
         """Step 4, the trainer's part: SIGTERM, a checkpoint and a commit; its failure, if any."""
         return self.trainer.drain(600, "the trainer")
-
-
-class Rollbacks:
-    """Step 3: each newly served draft judged once, on its first full window."""
-
-    def __init__(self, store: DraftStore, initial: str) -> None:
-        self._store = store
-        self._initial = initial
-        self._judged: set[int] = set()
-        self.count = 0
-
-    def check(self, reports: list[DraftSwapReport], live: LiveAcceptance) -> None:
-        served = [(0, self._initial)] + [(r.version, r.path) for r in reports if r.outcome == "swapped"]
-        if len(served) < 2 or served[-1][0] in self._judged:
-            return
-        (before_version, before_path), (version, _) = served[-2], served[-1]
-        before, after = live.window(before_version), live.window(version)
-        if before is None or after is None:
-            return
-        self._judged.add(version)
-        if not regressed(before, after):
-            return
-        pointer = self._store.promoted()
-        again = max(pointer.version if pointer is not None else 0, version) + 1
-        reason = (f"rollback of {version}: live acceptance length {after.acceptance_length:.3f} ± {after.error:.3f} "
-                  f"over {after.requests} requests, draft {before_version} had {before.acceptance_length:.3f} ± "
-                  f"{before.error:.3f}")
-        self._store.publish(PromotedDraft(version=again, path=before_path, reason=reason))
-        self.count += 1
-        ROLLBACKS.inc()
-        log.warning("%s: draft %s promoted again as version %d", reason, before_path, again)
 
 
 class TrainerProgress:

@@ -14,7 +14,7 @@ from hsx.dataset.draft_store import DraftStore
 from hsx.schemas.drafts import PromotedDraft
 from hsx.schemas.reports import DraftSwapReport, SpeculationReport
 from hsx.serving.acceptance import LiveAcceptance, regressed
-from hsx.serving.learning import Rollbacks
+from hsx.serving.rollbacks import Rollbacks
 
 
 def _serve(live: LiveAcceptance, version: int, rate: float, requests: int, seed: int) -> None:
@@ -64,6 +64,39 @@ def test_a_worse_draft_is_rolled_back_once_and_only_beyond_the_noise(tmp_path: P
         assert (pointer.version, pointer.path) == (2, "/drafts/first") and "rollback of 1" in (pointer.reason or "")
     else:
         assert pointer.version == 1
+
+
+def _worse(tmp_path: Path) -> tuple[list[DraftSwapReport], LiveAcceptance]:
+    """Version 1 promoted and served, at half the acceptance rate of version 0."""
+    live = LiveAcceptance(window=64)
+    _serve(live, 0, 0.6, 64, seed=1)
+    _serve(live, 1, 0.3, 64, seed=2)
+    DraftStore(tmp_path).publish(PromotedDraft(version=1, path="/drafts/new"))
+    return [DraftSwapReport(version=1, path="/drafts/new", outcome="swapped")], live
+
+
+def test_a_server_beside_another_leaves_a_rollback_already_published(tmp_path: Path) -> None:
+    """Two servers follow one store: the first to judge version 1 worse rolls it
+    back; the second finds the pointer moved on and publishes nothing."""
+    swaps, live = _worse(tmp_path)
+    first, second = Rollbacks(DraftStore(tmp_path), "/drafts/first"), Rollbacks(DraftStore(tmp_path), "/drafts/first")
+    first.check(swaps, live)
+    second.check(swaps, live)
+    assert (first.count, second.count) == (1, 0)
+    pointer = DraftStore(tmp_path).promoted()
+    assert pointer is not None and (pointer.version, pointer.path) == (2, "/drafts/first")
+
+
+def test_a_store_that_does_not_answer_is_asked_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    swaps, live = _worse(tmp_path)
+    store = DraftStore(tmp_path)
+    rollbacks = Rollbacks(store, "/drafts/first")
+    with monkeypatch.context() as patched:
+        patched.setattr(store, "promoted", lambda: (_ for _ in ()).throw(OSError("connection refused")))
+        rollbacks.check(swaps, live)  # logged, not raised: the serving loop goes on
+    assert rollbacks.count == 0
+    rollbacks.check(swaps, live)
+    assert rollbacks.count == 1 and DraftStore(tmp_path).promoted().version == 2  # type: ignore[union-attr]
 
 
 def test_regressed_needs_the_drop_to_exceed_twice_the_combined_error() -> None:
