@@ -69,7 +69,8 @@ def read_draft(flag: str, value: str | Path, types: tuple[str, ...] = tuple(TYPE
     if name not in types:
         why = f": {REFUSED[name]}" if name in REFUSED else ""
         raise UsageError(f"{flag} {value}: config.json's speculators_model_type is {name!r}{why}; this takes "
-                         f"{wanted} checkpoints ({', '.join(types)}: `speculators train` or `hsx train-draft` saves them)")
+                         f"{wanted} checkpoints ({', '.join(types)}: `speculators train` or `hsx train-draft` "
+                         "saves them)")
     kind = TYPES[name]
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, dict) or not _count(layer.get("hidden_size")) or not _count(layer.get("vocab_size")):
@@ -78,7 +79,8 @@ def read_draft(flag: str, value: str | Path, types: tuple[str, ...] = tuple(TYPE
     if not weights:
         raise UsageError(f"{flag} {value}: no *.safetensors weights beside config.json")
     aux = config.get(kind.aux_key)  # vLLM requires DFlash's; an EAGLE draft's default to the verifier's
-    if (aux is not None or kind.name == "dflash") and not (isinstance(aux, list) and aux and all(_count(i, 0) for i in aux)):
+    listed = isinstance(aux, list) and aux and all(_count(i, 0) for i in aux)
+    if (aux is not None or kind.name == "dflash") and not listed:
         raise UsageError(f"{flag} {value}: {kind.aux_key} must be a list of layer ids, got {aux!r}")
     if aux is not None and aux != sorted(aux):
         raise UsageError(f"{flag} {value}: {kind.aux_key} {aux} are not ascending: the engine "

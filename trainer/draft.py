@@ -80,8 +80,8 @@ import torch.utils.data
 
 from hsx.dataset.reader import MissingShard, ShardHandles
 from hsx.dataset.storage import is_object_store, open_storage
-from hsx.runtime.draft_types import TYPES
 from hsx.runtime.checks import integer, number
+from hsx.runtime.draft_types import TYPES
 from hsx.runtime.errors import ServiceFailed
 from hsx.runtime.kafka import ensure_topics
 from hsx.runtime.kafka.admin import add_connect_timeout
@@ -139,8 +139,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the draft type: {', '.join(TYPES)} (default %(default)s; speculators' own model, "
                              "step and defaults for it)")
     parser.add_argument("--init-from", type=Path, metavar="DRAFT",
-                        help="warm-start from this checkpoint of --speculator-type (its weights, vocabulary mapping and config: "
-                             "e.g. the draft a server serves), so each checkpoint is a drop-in for it; speculators' "
+                        help="warm-start from this checkpoint of --speculator-type (its weights, vocabulary mapping "
+                             "and config: e.g. the draft a server serves), so each checkpoint is a drop-in for it; "
+                             "speculators' "
                              "--from-pretrained (default: a new draft)")
     gate = parser.add_argument_group("the gate (with --init-from: judge each checkpoint against the served draft)")
     gate.add_argument("--promote-to", metavar="DIR|s3://BUCKET/PREFIX",

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from hsx.dataset.storage import is_object_store
+from hsx.runtime.checks import model_dir, outside, writable_dir
 from hsx.runtime.draft_checkpoint import read_draft
 from hsx.runtime.draft_types import draft_type
-from hsx.runtime.checks import model_dir, outside, writable_dir
 from hsx.runtime.errors import UsageError
 from hsx.schemas import HiddenStatesReady
 from hsx.trainer.samples import LayerLayout, choose_layers

@@ -37,8 +37,8 @@ from safetensors.torch import save_file
 from hsx.dataset.inspect import DATASET
 from hsx.dataset.shards import INDEX
 from hsx.dataset.storage import is_object_store
-from hsx.runtime.draft_types import REFUSED, TYPES, draft_type
 from hsx.runtime.checks import existing_dir, new_dir, outside
+from hsx.runtime.draft_types import REFUSED, TYPES, draft_type
 from hsx.runtime.errors import UsageError
 from hsx.schemas.training import ExportMetadata, LossMaskPolicy, SpeculatorType
 from hsx.trainer.dataset import HsxDataset

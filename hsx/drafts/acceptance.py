@@ -199,7 +199,8 @@ def decode(settings: EvalSettings, prompts: Sequence[EvalPrompt], speculative: d
         del llm
         gc.collect()
     outputs = {p.request_id: list(r.outputs[0].token_ids) for p, r in zip(prompts, results)}
-    log.info("%s the draft: %d tokens in %.1fs", "with" if speculative else "without", sum(map(len, outputs.values())), seconds)
+    log.info("%s the draft: %d tokens in %.1fs", "with" if speculative else "without",
+             sum(map(len, outputs.values())), seconds)
     return Decoded(outputs, seconds, counters)
 
 

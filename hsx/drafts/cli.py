@@ -11,11 +11,11 @@ from pathlib import Path
 import orjson
 
 from hsx.drafts.acceptance import EvalSettings, evaluate, prepare_prompts
-from hsx.runtime.draft_checkpoint import check_verifier, read_draft
 from hsx.extractor.cli import DTYPES, engine_arg, model_and_layers
 from hsx.producer.cli import add_input_arguments, input_from_args
 from hsx.producer.publisher import InvalidPolicy
 from hsx.runtime.checks import integer, writable_file
+from hsx.runtime.draft_checkpoint import check_verifier, read_draft
 from hsx.runtime.errors import ExitCode, UsageError
 
 log = logging.getLogger(__name__)

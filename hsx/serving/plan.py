@@ -11,14 +11,14 @@ from typing import Any
 
 from hsx.dataset.draft_store import DraftStore
 from hsx.dataset.storage import is_object_store
-from hsx.runtime.draft_checkpoint import check_verifier, read_draft
 from hsx.extractor.cli import check_layout, model_and_layers
 from hsx.extractor.engine import EngineOptions
 from hsx.runtime.checks import model_dir, writable_dir
+from hsx.runtime.draft_checkpoint import check_verifier, read_draft
 from hsx.runtime.errors import UsageError
 from hsx.runtime.settings import from_args
-from hsx.serving.learning import LearnPlan, learn_plan
 from hsx.schemas.dataset_codec import DatasetCodec
+from hsx.serving.learning import LearnPlan, learn_plan
 
 
 @dataclass
