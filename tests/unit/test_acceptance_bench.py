@@ -44,6 +44,16 @@ def test_every_arm_trains_with_the_printed_command_and_the_same_flags(tmp_path: 
     assert offline["--data-path"] == [str(tmp_path / "export")] and shifted["--data-path"] == [str(tmp_path / "export-shifted")]
     assert {k: v for k, v in offline.items() if k not in ("--data-path", "--save-path")} == \
         {k: v for k, v in shifted.items() if k not in ("--data-path", "--save-path")}
+    for arm, data in (("dflash", "offline"), ("peagle_reference", "reference"), ("dflash_shifted", "shifted")):
+        kind = arm.split("_")[0]  # each type's arms: (a)'s flags, its type, the data of (a), (c) or (d)
+        flags = acceptance.arm_flags(work, arm, data)
+        assert flags.pop("--speculator-type") == [kind] and offline.pop("--speculator-type") == ["eagle3"]
+        assert flags["--data-path"] == [str(work.export(data))] and flags["--save-path"] == [str(work.draft(arm))]
+        assert {k: v for k, v in flags.items() if k not in ("--data-path", "--save-path")} == \
+            {k: v for k, v in offline.items() if k not in ("--data-path", "--save-path")}
+        offline["--speculator-type"] = ["eagle3"]
+    assert set(acceptance.STAGES) >= {"dflash", "dflash_reference", "dflash_shifted", "peagle", "peagle_reference",
+                                      "peagle_shifted"}
     untrained = acceptance.train_flags(work, "untrained", data="offline")  # a dry run on (a)'s export
     assert untrained.count("--save-path") == 1
     assert untrained[untrained.index("--save-path") + 1] == str(tmp_path / "drafts" / "untrained")
