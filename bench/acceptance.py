@@ -281,10 +281,21 @@ def train_arm(work: Work, arm: str, epochs: int | None = None, data: str | None 
     figures: dict[str, Any] = {f"acceptance_{arm}_epochs": epochs, f"acceptance_{arm}_steps": state["global_step"],
                                f"acceptance_{arm}_train_s": trained}
     val = json.loads((checkpoint / "val_metrics.json").read_text())  # speculators' own: its held-out 10 % of the rows
-    figures[f"acceptance_{arm}_val_full_acc"] = [round(val[f"full_acc_{k}_epoch"], 3) for k in range(3)
-                                                 if f"full_acc_{k}_epoch" in val]
+    figures[f"acceptance_{arm}_val_full_acc"] = validation_accuracy(val)
     name = arm if epochs == work.scale.epochs else f"{arm}_epoch{epochs}"
     return {**figures, **evaluate(work, name, checkpoint, key=arm)}
+
+
+def validation_accuracy(val: dict[str, float]) -> list[float]:
+    """speculators' validation accuracy by draft position from its
+    ``val_metrics.json``: EAGLE-3's ``full_acc_K_epoch``, the other types'
+    ``position_K_acc_epoch``."""
+    if "full_acc_0_epoch" in val:
+        keys = [key for k in range(3) if (key := f"full_acc_{k}_epoch") in val]
+    else:
+        keys = sorted((key for key in val if key.startswith("position_") and key.endswith("_acc_epoch")),
+                      key=lambda key: int(key.split("_")[1]))
+    return [round(val[key], 3) for key in keys]
 
 
 def offline(work: Work) -> dict[str, Any]:

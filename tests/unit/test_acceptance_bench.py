@@ -109,3 +109,11 @@ def test_the_offline_arm_reports_each_checkpoint_it_measures(tmp_path: Path) -> 
     assert figures["acceptance_offline_epoch2_acceptance_length"] == 1.75
     assert (figures["acceptance_offline_acceptance_length"], figures["acceptance_offline_steps"]) == (2.0, 40)
     assert [p["acceptance_length"] for p in figures["acceptance_offline_curve"]] == [1.5, 1.75, 2.0]
+
+
+def test_validation_accuracy_reads_each_types_names() -> None:
+    assert acceptance.validation_accuracy({"full_acc_0_epoch": 0.51234, "full_acc_1_epoch": 0.2, "loss_epoch": 3}) \
+        == [0.512, 0.2]
+    dflash = {"full_acc_epoch": 0.07, "position_10_acc_epoch": 0.1, "position_2_acc_epoch": 0.3,
+              "position_1_acc_epoch": 0.5}
+    assert acceptance.validation_accuracy(dflash) == [0.5, 0.3, 0.1]
