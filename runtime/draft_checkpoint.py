@@ -78,9 +78,9 @@ def read_draft(flag: str, value: str | Path, types: tuple[str, ...] = tuple(TYPE
     weights = sorted(path.glob("*.safetensors"))
     if not weights:
         raise UsageError(f"{flag} {value}: no *.safetensors weights beside config.json")
-    aux = config.get(kind.aux_key)  # vLLM requires DFlash's; an EAGLE draft's default to the verifier's
+    aux = config.get(kind.aux_key)
     listed = isinstance(aux, list) and aux and all(_count(i, 0) for i in aux)
-    if (aux is not None or kind.name == "dflash") and not listed:
+    if (aux is not None or not kind.eagle3_layers) and not listed:
         raise UsageError(f"{flag} {value}: {kind.aux_key} must be a list of layer ids, got {aux!r}")
     if aux is not None and aux != sorted(aux):
         raise UsageError(f"{flag} {value}: {kind.aux_key} {aux} are not ascending: the engine "
@@ -120,7 +120,7 @@ def check_verifier(flag: str, draft: DraftCheckpoint, verifier: Any) -> None:
 def _served_aux_count(kind: DraftType, config: dict[str, Any], aux: list[int] | None) -> int:
     """vLLM's rule (:attr:`DraftCheckpoint.served_aux_count`) for a draft of
     ``kind`` with the model config ``config`` and aux layer ids ``aux``."""
-    if kind.shifted and config.get("model_type", "llama") == "llama":
+    if kind.eagle3_layers and config.get("model_type", "llama") == "llama":
         return _llama_eagle3_aux_count(config)
     return len(aux) if aux else SERVED_AUX_LAYERS
 

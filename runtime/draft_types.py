@@ -28,12 +28,17 @@ class DraftType:
     """The ``config.json`` key of a saved draft naming the verifier layers it reads."""
     shifted: bool
     """Trained on EAGLE-3's shifted batches (speculators' ``shift_batch``); DFlash's are not."""
+    eagle3_layers: bool
+    """vLLM serves it with its EAGLE-3 model classes (P-EAGLE with parallel
+    drafting): the aux layer ids may be left to the verifier's default, and its
+    llama layers size the input projection from the model config. vLLM's DFlash
+    model requires the ids and counts them."""
 
 
 TYPES: dict[str, DraftType] = {t.name: t for t in (
-    DraftType("eagle3", "EAGLE-3", "eagle_aux_hidden_state_layer_ids", shifted=True),
-    DraftType("dflash", "DFlash", "aux_hidden_state_layer_ids", shifted=False),
-    DraftType("peagle", "P-EAGLE", "eagle_aux_hidden_state_layer_ids", shifted=True),
+    DraftType("eagle3", "EAGLE-3", "eagle_aux_hidden_state_layer_ids", shifted=True, eagle3_layers=True),
+    DraftType("dflash", "DFlash", "aux_hidden_state_layer_ids", shifted=False, eagle3_layers=False),
+    DraftType("peagle", "P-EAGLE", "eagle_aux_hidden_state_layer_ids", shifted=True, eagle3_layers=True),
 )}
 assert set(TYPES) == set(get_args(SpeculatorType))
 
