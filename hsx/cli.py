@@ -26,7 +26,7 @@ SERVICE_COMMANDS = [
     ("sink", "write hidden-state blocks to a sharded safetensors dataset", "hsx.sink.cli"),
     ("inspect", "summarize a dataset or one of its shards", "hsx.dataset.inspect"),
     ("export", "write a dataset in another trainer's layout (speculators)", "hsx.trainer.export"),
-    ("train-draft", "train speculators' EAGLE-3 draft online from hidden_states.ready", "hsx.trainer.draft"),
+    ("train-draft", "train a speculators draft (EAGLE-3, DFlash, P-EAGLE) online from hidden_states.ready", "hsx.trainer.draft"),
     ("eval-draft", "a draft's acceptance on your prompts, in vLLM's speculative decoding", "hsx.drafts.cli"),
     ("run", "the whole pipeline on one machine: your prompts in, a dataset out", "hsx.running.command"),
     ("serve", "vLLM's OpenAI server with every response's hidden states as a file, in a dataset, or both",

@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import signal
 from pathlib import Path
 
@@ -94,15 +93,14 @@ from hsx.trainer.gate import Gate
 from hsx.trainer.online import ReadyStream
 from hsx.trainer.online_trainer import StepLog, online_trainer_class
 from hsx.trainer.samples import LayerLayout, layer_list
-from hsx.trainer.speculators_cpu import CPU_DEFAULTS, on_cpu
+from hsx.trainer.speculators_cpu import on_cpu
+from hsx.trainer.speculators_setup import draft_model, train_config, trainer_config
 from hsx.trainer.stream_batches import PackedSamples, SpeculatorsBatch, StreamEpochs
 
 log = logging.getLogger(__name__)
 
 TOKEN_FREQ = "token_freq.pt"
 """speculators' name for the token counts its vocabulary mapping is built from."""
-UNTIL_STOPPED = 10**9
-"""Epochs (of ``--checkpoint-every`` steps each) of a run without ``--steps``."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -182,9 +180,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="samples shuffled within a window of N events (default 0: arrival order)")
 
 
-# --- speculators' Trainer, online ------------------------------------------------------------
-
-
 # --- the command -------------------------------------------------------------------------------
 
 def run(args: argparse.Namespace) -> int:
@@ -221,59 +216,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafka: KafkaSettings, topic: str,
            resumed: Resumed | None) -> int:
-    from speculators.model import SpeculatorModel
-    from speculators.train.cli import build_draft_model, parse_vocab_mappings, set_seed
-    from speculators.train.config import TrainConfig
-    from speculators.train.trainer import TrainerConfig
+    from speculators.train.cli import set_seed
 
     kind = TYPES[args.speculator_type]
     accelerated = torch.accelerator.is_available()
-    save = str(args.save_path)
-    # speculators resumes at the epoch after the last checkpoint, which may have ended early (the
-    # stream went idle): the epochs left are counted from the steps left.
-    done_epochs, done_steps = (resumed.epoch + 1, resumed.global_step) if resumed else (0, 0)
-    epochs = (done_epochs + max(0, math.ceil((args.steps - done_steps) / args.checkpoint_every))
-              if args.steps is not None else UNTIL_STOPPED)
-    cfg = TrainConfig.from_flat({
-        "speculator_type": kind.name, "seed": args.seed, "verifier_name_or_path": str(args.model.resolve()),
-        "target_layer_ids": list(layout.aux), "draft_vocab_size": args.draft_vocab_size,
-        # speculators keeps token_freq.pt and its cached d2t/t2d mapping in data_path
-        "data_path": save, "save_path": save, "total_seq_len": args.total_seq_len,
-        "hidden_states_dtype": args.hidden_states_dtype, "lr": args.lr, "num_workers": args.num_workers,
-        "draft_attn_impl": args.draft_attn_impl or ("simple_flex_attention" if accelerated
-                                                     else CPU_DEFAULTS["--draft-attn-impl"]),
-        "loss_implementation": args.loss_implementation or ("fused" if accelerated
-                                                             else CPU_DEFAULTS["--loss-implementation"]),
-        "optimizer": args.optimizer or ("muon" if accelerated else CPU_DEFAULTS["--optimizer"]),
-        **({} if accelerated else {"max_anchors": int(CPU_DEFAULTS["--max-anchors"])}),
-        "epochs": epochs, "checkpoint_freq": 1, "max_steps": args.steps,
-        # A schedule over steps no one knows would warm up for ever (1 % of them): constant instead.
-        **({"scheduler_type": "none"} if args.steps is None else {}),
-        # --init-from: the draft's own config, weights and vocabulary mapping (its d2t and t2d tensors).
-        **({"from_pretrained": str(args.init_from.resolve()), "draft_vocab_size": None} if args.init_from else {})})
+    cfg = train_config(args, kind, layout, resumed)
     spec = argparse.Namespace(**cfg.flatten())
     set_seed(spec.seed)
-    cfg.save(save)
-    d2t, t2d, draft_vocab_size = parse_vocab_mappings(spec)
-    model_class = SpeculatorModel.registry[kind.name]
-    model = build_draft_model(spec, model_class, t2d, d2t, draft_vocab_size)
-    if args.init_from is not None:  # weights in float32, as a new draft's, whatever dtype it was saved in (bf16)
-        model = model.float()
-    train_kwargs, val_kwargs = model_class.get_trainer_kwargs(**vars(spec))
+    cfg.save(str(args.save_path))
+    model, model_class = draft_model(spec, kind, warm_start=args.init_from is not None)
     dtype = getattr(torch, spec.hidden_states_dtype)
-    # As speculators' own main() builds it, from the same resolved config.
-    trainer_config = TrainerConfig(
-        num_epochs=spec.epochs, save_path=spec.save_path, lr=spec.lr,
-        resume_from_checkpoint=not spec.no_resume_from_checkpoint,
-        train_call_kwargs=train_kwargs, val_call_kwargs=val_kwargs, optimizer=spec.optimizer,
-        weight_decay=spec.weight_decay, muon_lr=spec.muon_lr, muon_momentum=spec.muon_momentum,
-        muon_weight_decay=spec.muon_weight_decay, muon_ns_steps=spec.muon_ns_steps,
-        muon_adjust_lr_fn=spec.muon_adjust_lr_fn, scheduler_type=spec.scheduler_type,
-        scheduler_warmup_steps=spec.scheduler_warmup_steps, scheduler_warmup_ratio=spec.scheduler_warmup_ratio,
-        scheduler_total_steps=spec.scheduler_total_steps,
-        scheduler_num_cosine_cycles=spec.scheduler_num_cosine_cycles, checkpoint_freq=spec.checkpoint_freq,
-        save_best=spec.save_best, hidden_states_dtype=dtype, log_freq=spec.log_freq, fsdp_shard=spec.fsdp_shard,
-        gradient_checkpointing=spec.gradient_checkpointing, max_steps=spec.max_steps)
+    config = trainer_config(spec, model_class, dtype)
 
     holdout = args.holdout if args.promote_to is not None else 0.0
     stream = ReadyStream(kafka.bootstrap, args.dataset, args.group, topic=topic, layers=list(layout.aux),
@@ -295,7 +248,7 @@ def _train(args: argparse.Namespace, layout: LayerLayout, hidden_size: int, kafk
     metrics.addHandler(steps_log)
     metrics.propagate = False  # its dicts become StepLog's lines, not dict reprs in the log
     with on_cpu():
-        trainer = online_trainer_class()(model, trainer_config, epochs_view, stream,
+        trainer = online_trainer_class()(model, config, epochs_view, stream,
                                          gate.judge if gate is not None else None)
         if resumed is not None and resumed.stream is not None:
             stream.load_state_dict(resumed.stream)
