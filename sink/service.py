@@ -32,6 +32,7 @@ from hsx.runtime.logs import record_fields
 from hsx.runtime.memory import keep_freed_memory
 from hsx.runtime.settings import KafkaSettings, TopicSettings
 from hsx.schemas import ErrorClass, HiddenStatesReady, Manifest
+from hsx.sink.budget import MemoryBudget
 from hsx.sink.assembler import Record, RejectedRecords, Staged
 from hsx.sink.options import SinkOptions
 from hsx.sink.partition import PartitionState
@@ -81,6 +82,7 @@ class Sink:
         self._payloads = PayloadReader(payloads, self.member.fail)
         self._staged = StagedObjects(payloads, options.staged_max_age)
         self._partitions: dict[TopicPartitionKey, PartitionState] = {}
+        self._budget = MemoryBudget(options.max_buffer_bytes, self._partitions, self.member)
         self._recorded_partitions = 0
         shards_folder = self.storage.local_path(SHARDS)
         self._spooling = None if shards_folder is None else Spooling(
@@ -140,10 +142,10 @@ class Sink:
             self._dead_letters.producer.poll(0)
             for message in self.member.poll(500, timeout=self._poll_timeout()):
                 self._accept(message)
-                if self._over_budget():
+                if self._budget.over():
                     break  # the rest waits in the client's queue; housekeeping pauses
             self._housekeeping()
-            self.stats.buffered(self._buffered(), sum(s.unwritten_samples for s in self._partitions.values()))
+            self.stats.buffered(self._budget.buffered(), sum(s.unwritten_samples for s in self._partitions.values()))
             self.member.tick()
 
     def _poll_timeout(self) -> float:
@@ -275,7 +277,7 @@ class Sink:
         self._shards.reap(self._partitions.values())
         self._shards.republish(self._partitions.values())
         self._staged.sweep(now)
-        over = self._over_budget()
+        over = self._budget.over()
         for state in self._partitions.values():
             for rejected in state.assembler.expire(now):
                 self._reject(state, rejected)
@@ -283,19 +285,4 @@ class Sink:
             if state.shard.samples and (over or state.shard.due(now, self.options.max_shard_age,
                                                                   self.options.flush_when_idle)):
                 self._shards.close(state)
-        # Pausing frees memory only by letting shards be written. When incomplete
-        # samples alone hold the excess (a sample larger than the budget, or a
-        # killed attempt's blocks waiting for its retry), a pause would wait on
-        # records it stops fetching: consume on, so that they complete.
-        pause = over and any(state.shard.samples or state.closed for state in self._partitions.values())
-        if pause != self.member.paused:
-            self.member.pause(pause)
-            log.warning("memory budget %s: partitions %s", "exceeded" if over else "ok", "paused" if pause else
-                        "resumed" + (" for incomplete samples to complete" if over else ""))
-
-    def _buffered(self) -> int:
-        return sum(s.buffered_bytes for s in self._partitions.values())
-
-    def _over_budget(self) -> bool:
-        return self._buffered() > self.options.max_buffer_bytes
-
+        self._budget.settle(over)
