@@ -212,9 +212,8 @@ def arm_flags(work: Work, arm: str, data: str | None = None) -> dict[str, list[s
     flags["--epochs"] = [str(work.scale.epochs)]
     flags["--data-path"] = [str(work.export(data or arm))]
     flags["--save-path"] = [str(work.draft(arm))]
-    kind = arm.split("_")[0]
-    if kind in TYPE_ARMS:
-        flags["--speculator-type"] = [kind]
+    if arm in TYPE_ARMS:
+        flags["--speculator-type"] = [TYPE_ARMS[arm].kind]
     return flags
 
 
@@ -346,16 +345,25 @@ def shifted(work: Work) -> dict[str, Any]:
     return {**shifted_export(work), **train_arm(work, "shifted", work.epochs)}
 
 
-TYPE_ARMS = ("dflash", "peagle")
-"""Draft types beside EAGLE-3 (:mod:`hsx.runtime.draft_types`), each trained as
-(a), (c) and (d) are, with ``--speculator-type`` and speculators' defaults for
-that type: ``TYPE`` on the export, ``TYPE_reference`` on (c)'s data,
-``TYPE_shifted`` on (d)'s."""
+@dataclass(frozen=True)
+class TypeArm:
+    """An arm training a draft type beside EAGLE-3 (:mod:`hsx.runtime.draft_types`)
+    on the data of arm ``data``: (a)'s export, (c)'s or (d)'s."""
+
+    kind: str
+    data: str
 
 
-def type_arm(kind: str, data: str) -> Callable[[Work], dict[str, Any]]:
-    """The stage training draft type ``kind`` on the export of arm ``data``."""
-    arm = kind if data == "offline" else f"{kind}_{data}"
+TYPE_ARMS = {(kind if data == "offline" else f"{kind}_{data}"): TypeArm(kind, data)
+             for kind in ("dflash", "peagle") for data in ("offline", "reference", "shifted")}
+"""Each type trained as (a), (c) and (d) are, with ``--speculator-type`` and
+speculators' defaults for that type: ``TYPE`` on the export, ``TYPE_reference``
+on (c)'s data, ``TYPE_shifted`` on (d)'s."""
+
+
+def type_arm(arm: str) -> Callable[[Work], dict[str, Any]]:
+    """The stage training arm ``arm`` of :data:`TYPE_ARMS`."""
+    data = TYPE_ARMS[arm].data
 
     def stage(work: Work) -> dict[str, Any]:
         if data != "offline":
@@ -457,11 +465,10 @@ STAGES: dict[str, tuple[Callable[[Work], dict[str, Any]], tuple[str, ...]]] = {
     "reference": (reference, ("export",)),
     "shifted": (shifted, ("export",)),
     "online": (online, ("offline",)),
-    **{arm: (type_arm(kind, data), ("export",)) for kind in TYPE_ARMS
-       for data, arm in (("offline", kind), ("reference", f"{kind}_reference"), ("shifted", f"{kind}_shifted"))},
+    **{arm: (type_arm(arm), ("export",)) for arm in TYPE_ARMS},
 }
 """Each stage, and the stages it needs done first."""
-EPOCH_ARMS = ("reference", "shifted", *(f"{kind}_{data}" for kind in TYPE_ARMS for data in ("reference", "shifted")))
+EPOCH_ARMS = ("reference", "shifted", *(arm for arm, typed in TYPE_ARMS.items() if typed.data != "offline"))
 """The arms ``--epochs`` may stop early (training again resumes their last checkpoint)."""
 
 

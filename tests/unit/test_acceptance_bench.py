@@ -46,6 +46,7 @@ def test_every_arm_trains_with_the_printed_command_and_the_same_flags(tmp_path: 
         {k: v for k, v in shifted.items() if k not in ("--data-path", "--save-path")}
     for arm, data in (("dflash", "offline"), ("peagle_reference", "reference"), ("dflash_shifted", "shifted")):
         kind = arm.split("_")[0]  # each type's arms: (a)'s flags, its type, the data of (a), (c) or (d)
+        assert acceptance.TYPE_ARMS[arm] == acceptance.TypeArm(kind, data)
         flags = acceptance.arm_flags(work, arm, data)
         assert flags.pop("--speculator-type") == [kind] and offline.pop("--speculator-type") == ["eagle3"]
         assert flags["--data-path"] == [str(work.export(data))] and flags["--save-path"] == [str(work.draft(arm))]
