@@ -51,7 +51,7 @@ from hsx.serving.pipeline import Drained, dataset_side
 from hsx.serving.plan import ServePlan, plan_from_args
 from hsx.serving.reports import ReportReceiver
 from hsx.serving.rollbacks import Rollbacks
-from hsx.summary import render
+from hsx.serving.summary import summarize
 
 SERVER = "vllm.entrypoints.openai.api_server"
 """vLLM's OpenAI server: the CPU wheel's ``vllm serve`` (whose CLI does not start there)."""
@@ -213,24 +213,7 @@ def serve(plan: ServePlan, stop: threading.Event) -> int:
         reports.settle_samples(drained.unconfirmed)
         if pipeline is not None:
             failures += pipeline.stop()
-        return _summarize(plan, reports, drained, failures, time.monotonic() - started, learning, rollbacks)
-
-
-def _summarize(plan: ServePlan, reports: ReportReceiver, drained: Drained, failures: list[str], seconds: float,
-               learning: Learning | None, rollbacks: Rollbacks | None) -> int:
-    """Step 7: the summary table, every lost capture named on stderr, the exit status."""
-    print(render(_rows(plan, reports, drained, seconds, learning, rollbacks)), flush=True)
-    lost = reports.files.failed + len(reports.files.lost) + reports.samples.failed + drained.lost
-    for failure in failures:
-        print(f"hsx serve: {failure}", file=sys.stderr)
-    for what, ids in (("files promised, never written (the engine was gone)", reports.files.lost),
-                      ("samples promised, never acknowledged (the engine was gone)", drained.unconfirmed),
-                      ("samples acknowledged, never announced", sorted(drained.missing))):
-        if ids:
-            print(f"hsx serve: {what}: {', '.join(ids)}", file=sys.stderr)
-    ok = not failures and not lost
-    print(f"hsx serve: {'stopped' if ok else 'stopped with LOST captures'}", file=sys.stderr)
-    return ExitCode.OK if ok else ExitCode.FAILED
+        return summarize(plan, reports, drained, failures, time.monotonic() - started, learning, rollbacks)
 
 
 def _accelerated() -> bool:
@@ -265,37 +248,3 @@ def _answers(server: HsxService, reports: ReportReceiver) -> tuple[bool, str]:
     if not server.ready():
         return False, "vLLM's server does not answer /health"
     return True, reports.kafka_condition() or "ok"
-
-
-def _rows(plan: ServePlan, reports: ReportReceiver, drained: Drained, seconds: float,
-          learning: Learning | None, rollbacks: Rollbacks | None) -> list[tuple[str, str]]:
-    """The summary table's rows."""
-    rows = [("served for", f"{seconds:,.0f} s")]
-    for name, tally, on in (("files", reports.files, plan.files is not None),
-                            ("samples", reports.samples, plan.sends)):
-        if not on:
-            continue
-        p50, p99 = tally.lag_quantile(0.5), tally.lag_quantile(0.99)
-        found = f", {tally.unreported:,} found though never reported: the engine died" if tally.unreported else ""
-        rows += [(f"{name} captured", f"{tally.ok:,} ({tally.raw_bytes:,} raw bytes reported{found})"),
-                 (f"{name} lost", f"{tally.failed + len(tally.lost):,}"
-                                  + (f" ({len(tally.lost):,} promised when the engine was gone)" if tally.lost else "")
-                                  + (f": {tally.errors[0]}" if tally.errors else "")),
-                 (f"{name} capture lag p50 / p99", "-" if p50 is None else f"{p50:.3f} / {p99:.3f} s")]
-    if plan.engine.draft is not None:
-        rows += reports.draft_rows(plan.engine.draft)
-    if rollbacks is not None:
-        rows.append(("drafts rolled back", f"{rollbacks.count:,}"))
-    if learning is not None:
-        rows += learning.rows()
-    if plan.output is not None:
-        rows += [("samples announced", f"{drained.announced:,}"),
-                 ("samples not announced", f"{len(drained.missing):,}"),
-                 ("samples dead-lettered", ", ".join(f"{n:,} {c}" for c, n in sorted(drained.dead.items())) or "0"),
-                 ("dataset", plan.output)]
-    if plan.files is not None:
-        if reports.earlier:
-            rows.append(("files an earlier server lost",
-                         f"{len(reports.earlier):,} (found at the start, their locks removed)"))
-        rows.append(("files in", plan.files))
-    return rows
