@@ -72,13 +72,19 @@ class HsxConnectorMetadata(KVConnectorMetadata):
 def answer_fields(job: SendJob, params: RequestParams) -> dict[str, Any]:
     """The manifest's ``generation`` and ``loss_mask_spans`` for ``job``: the
     generated tokens that are inputs (all but the final one) join the loss mask,
-    after the given or earlier generated turns the extractor put there."""
-    if job.answer is None or params.generation is None:
+    after the given or earlier generated turns the extractor put there. A served
+    response (``hsx serve``: an answer, no ``generation``) is masked to its
+    answer alone: what a draft learns to propose is the verifier's answers, not
+    its prompts (the chat template's system turn, the same in every sample, would
+    be learned and scored as if it were drafted)."""
+    if job.answer is None:
         return {"loss_mask_spans": params.loss_mask_spans, "capture": params.capture}
     answer = job.answer
     spans = list(params.loss_mask_spans or [])
     if answer.prompt_tokens < len(job.token_ids):
         spans.append((answer.prompt_tokens, len(job.token_ids)))
+    if params.generation is None:
+        return {"loss_mask_spans": spans, "capture": params.capture}
     turn = GeneratedTurn(token_start=answer.prompt_tokens, token_end=len(job.token_ids) + 1,
                          finish_reason=answer.finish_reason)  # type: ignore[arg-type]
     turns = [*(params.earlier_turns or []), turn]

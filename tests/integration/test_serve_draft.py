@@ -139,6 +139,9 @@ def test_captured_while_speculating_equals_hf_on_what_was_answered(served: Serve
         sample, file = dataset[params["sample_id"]], load_file(params["hidden_states_path"])
         assert sample["token_ids"].tolist() == file["token_ids"].tolist()
         assert torch.equal(sample["hidden_states"], file["hidden_states"])
+        # what a draft learns from a served response: its answer, never its prompt
+        prompt_tokens = len(response["choices"][0]["prompt_token_ids"])
+        assert sample["loss_mask"].tolist() == [i >= prompt_tokens for i in range(len(file["token_ids"]))]
 
 
 def _variant(draft: Path, to: Path, change: Any) -> Path:
