@@ -1,11 +1,12 @@
 """``hsx serve`` as a user runs it: one command, a file per response and the
 dataset, and what it promises when it ends.
 
-* A full disk for the files, then kill -9 of vLLM's server under load (a lost
-  engine): the server answers on while files cannot be written; no partial file
-  under a final name; every answered request's file and sample complete and
-  equal, or named lost in hsx serve's log (and counted in its summary), never
-  silently missing; the dataset holds each sample once.
+* Serving with an EAGLE-3 draft, a full disk for the files, then kill -9 of
+  vLLM's server under load (a lost engine): the server answers on while files
+  cannot be written; no partial file under a final name; every answered
+  request's file and sample complete and equal, or named lost in hsx serve's log
+  (and counted in its summary), never silently missing; the dataset holds each
+  sample once, prompt and answer, no rejected draft token's state (HF's).
 * A broker that stops answering for a while, then SIGTERM with requests in
   flight, on the same directory: the server keeps answering and its ``/readyz``
   says Kafka is behind; the files the killed engine promised and never wrote are
@@ -44,6 +45,7 @@ from hsx.dataset.reader import open_dataset
 from hsx.local.broker import EmbeddedBroker, free_port
 from hsx.local.scrape import get, metric_sum
 from hsx.local.spawn import HsxService
+from hsx.models.tiny_llama_eagle3 import AUX_LAYERS
 from hsx.reference import HFReference, max_relative_error
 from hsx.runtime.settings import KafkaSettings
 from hsx.schemas import HiddenStatesReady
@@ -54,11 +56,18 @@ from tests.mounts import tmpfs
 pytestmark = [pytest.mark.integration, pytest.mark.engine, pytest.mark.faults]
 
 LAYERS = [1, 3, 4]
+CAPTURED = [*AUX_LAYERS, 4]
+"""What serving with the draft captures: its aux layers, then tiny-llama's last."""
 
 
 @pytest.fixture(scope="module")
 def model() -> Path:
     return models.prepare(names=["tiny-llama"])["tiny-llama"]
+
+
+@pytest.fixture(scope="module")
+def draft() -> Path:
+    return models.prepare(names=["tiny-llama-eagle3"])["tiny-llama-eagle3"]
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +93,11 @@ def _full(directory: Path) -> Iterator[None]:
         filler.unlink()
 
 
-def _serve(model: Path, files: Path, output: Path, bootstrap: str, logs: Path) -> HsxService:
+def _serve(model: Path, files: Path, output: Path, bootstrap: str, logs: Path, captures: list[str]) -> HsxService:
+    """``hsx serve`` capturing as ``captures`` says (``--layers`` or ``--draft``)."""
     port = free_port()
     serve = HsxService("serve", ["serve", "--model", str(model), "--dtype", "float32", "--max-model-len", "1024",
-                                 "--enforce-eager", "--layers", ",".join(map(str, LAYERS)), "--port", str(port),
+                                 "--enforce-eager", *captures, "--port", str(port),
                                  "--health-port", str(free_port()), "--shared-storage-path", str(files),
                                  "--output", str(output), "--bootstrap", bootstrap], logs, health=False,
                        ready_path="/health")
@@ -97,7 +107,7 @@ def _serve(model: Path, files: Path, output: Path, bootstrap: str, logs: Path) -
 
 @contextmanager
 def _load(serve: HsxService, model: Path, answered: list[dict[str, Any]],
-          rejected: list[dict[str, Any]]) -> Iterator[None]:
+          rejected: list[dict[str, Any]], max_tokens: int = 2) -> Iterator[None]:
     """Four clients sending completions until the block ends; within it, at least
     eight answered before it is entered. A request arriving during a drain is
     answered "abort" by vLLM: kept apart, in ``rejected``."""
@@ -109,7 +119,7 @@ def _load(serve: HsxService, model: Path, answered: list[dict[str, Any]],
         while not stop.is_set() and time.monotonic() < deadline:
             prompt = [1, *range(100 + n, 100 + n + 20 + 7 * n)]
             try:
-                response = httpx.post(url, json={"model": str(model), "prompt": prompt, "max_tokens": 2,
+                response = httpx.post(url, json={"model": str(model), "prompt": prompt, "max_tokens": max_tokens,
                                                  "return_token_ids": True}, timeout=15)
             except httpx.HTTPError:
                 return  # the server stopped taking requests (or is gone)
@@ -130,16 +140,16 @@ def _load(serve: HsxService, model: Path, answered: list[dict[str, Any]],
             stop.set()
 
 
-def test_a_full_disk_then_kill_9_of_the_engine_under_load_lose_only_what_is_named(model: Path, files: Path,
-                                                                                  kafka_bootstrap: str,
+def test_a_full_disk_then_kill_9_of_the_engine_under_load_lose_only_what_is_named(model: Path, draft: Path,
+                                                                                  files: Path, kafka_bootstrap: str,
                                                                                   tmp_path: Path) -> None:
     output = tmp_path / "dataset"
-    serve = _serve(model, files, output, kafka_bootstrap, tmp_path)
+    serve = _serve(model, files, output, kafka_bootstrap, tmp_path, ["--draft", str(draft)])
     answered: list[dict[str, Any]] = []
     rejected: list[dict[str, Any]] = []
     with serve:
         serve.wait_ready(timeout=600)
-        with _load(serve, model, answered, rejected), _full(files):
+        with _load(serve, model, answered, rejected, max_tokens=8), _full(files):
             before = len(answered)
             deadline = time.monotonic() + 60
             while len(answered) < before + 4 and time.monotonic() < deadline:
@@ -162,8 +172,10 @@ def test_a_full_disk_then_kill_9_of_the_engine_under_load_lose_only_what_is_name
     dataset = open_dataset(output)
     in_dataset = dataset.request_ids()
     assert len(set(in_dataset)) == len(in_dataset) == int(_row(log, "samples captured").split()[0].replace(",", ""))
+    reference, checked = HFReference(model), 0
     for response in answered:
-        params, token_ids = response["kv_transfer_params"], response["choices"][0]["prompt_token_ids"]
+        choice = response["choices"][0]
+        params, token_ids = response["kv_transfer_params"], choice["prompt_token_ids"] + choice["token_ids"][:-1]
         path, sample_id = params["hidden_states_path"], params["sample_id"]
         file = None if path in lost_files else load_file(path)  # a whole file, or none under its name
         assert (file is None) == (not os.path.exists(path)), path
@@ -171,9 +183,14 @@ def test_a_full_disk_then_kill_9_of_the_engine_under_load_lose_only_what_is_name
         if file is not None:
             assert file["token_ids"].tolist() == token_ids
         if sample_id in in_dataset:
-            assert dataset[sample_id]["token_ids"].tolist() == token_ids
+            sample = dataset[sample_id]
+            assert sample["token_ids"].tolist() == token_ids
             if file is not None:
-                assert torch.equal(dataset[sample_id]["hidden_states"], file["hidden_states"])
+                assert torch.equal(sample["hidden_states"], file["hidden_states"])
+            if checked < 6:  # the answer's states are the verifier's own: no rejected draft token's
+                assert max_relative_error(sample["hidden_states"], reference.hidden_states(token_ids, CAPTURED)) < 1e-4
+                checked += 1
+    assert checked
     for path in files.glob("*.safetensors"):
         load_file(path)  # no partial file under a final name, answered or not
 
@@ -185,7 +202,7 @@ def test_a_silent_broker_then_sigterm_leave_every_answered_request_in_the_datase
     answered: list[dict[str, Any]] = []
     rejected: list[dict[str, Any]] = []
     with EmbeddedBroker() as broker:  # its own, to stop answering
-        serve = _serve(model, files, output, broker.bootstrap, tmp_path)
+        serve = _serve(model, files, output, broker.bootstrap, tmp_path, ["--layers", ",".join(map(str, LAYERS))])
         with serve:
             serve.wait_ready(timeout=600)
             with _load(serve, model, answered, rejected):
