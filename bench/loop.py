@@ -91,7 +91,7 @@ class Sizes:
 
 
 STATIC = Scale(train_prompts=480, eval_prompts=24, max_tokens=128, epochs=2, curve=(2,))
-FULL = Sizes(static=STATIC, stream=480, window=60, max_tokens=96, capture_bursts=((1, 6), (8, 24)),
+FULL = Sizes(static=STATIC, stream=960, window=120, max_tokens=96, capture_bursts=((1, 6), (8, 24)),
              capture_rounds=3)
 QUICK_SIZES = Sizes(static=QUICK, stream=32, window=16, max_tokens=32, capture_bursts=((1, 2), (8, 8)),
                     capture_rounds=1)

@@ -28,7 +28,7 @@ LOOP: tuple[Block, ...] = (When("loop_stream", (
     "## The learning loop (`python -m bench.loop`)",
     "{loop_model!s}, CPU, 3 speculative tokens, greedy. The draft both arms start from was trained offline on chat "
     "({loop_static_draft!s}; acceptance length {loop_static_chat_acceptance_length} on held-out chat). The stream: "
-    "{loop_stream} requests for code (Python standard-library functions by signature and docstring, "
+    "{loop_stream} requests for code (Python standard-library functions, then methods, by signature and docstring, "
     "`bench/loop_prompts.py`, sha256 {loop_stream_sha256!s}), a shift the draft never saw, sent in windows of "
     "{loop_window} at concurrency {loop_concurrency}, `max_tokens` {loop_max_tokens}, the same prompts in the same "
     "order to each arm: `hsx serve --draft` static, and with `--learn` (a checkpoint every {loop_checkpoint_every} "
