@@ -36,11 +36,9 @@ def train_config(args: argparse.Namespace, kind: DraftType, layout: LayerLayout,
         # speculators keeps token_freq.pt and its cached d2t/t2d mapping in data_path
         "data_path": save, "save_path": save, "total_seq_len": args.total_seq_len,
         "hidden_states_dtype": args.hidden_states_dtype, "lr": args.lr, "num_workers": args.num_workers,
-        "draft_attn_impl": args.draft_attn_impl or ("simple_flex_attention" if accelerated
-                                                     else CPU_DEFAULTS["--draft-attn-impl"]),
-        "loss_implementation": args.loss_implementation or ("fused" if accelerated
-                                                             else CPU_DEFAULTS["--loss-implementation"]),
-        "optimizer": args.optimizer or ("muon" if accelerated else CPU_DEFAULTS["--optimizer"]),
+        "draft_attn_impl": args.draft_attn_impl or _default("--draft-attn-impl", "simple_flex_attention"),
+        "loss_implementation": args.loss_implementation or _default("--loss-implementation", "fused"),
+        "optimizer": args.optimizer or _default("--optimizer", "muon"),
         **({} if accelerated else {"max_anchors": int(CPU_DEFAULTS["--max-anchors"])}),
         "epochs": _epochs(args.steps, args.checkpoint_every, resumed), "checkpoint_freq": 1,
         "max_steps": args.steps,
@@ -48,6 +46,11 @@ def train_config(args: argparse.Namespace, kind: DraftType, layout: LayerLayout,
         **({"scheduler_type": "none"} if args.steps is None else {}),
         # --init-from: the draft's own config, weights and vocabulary mapping (its d2t and t2d tensors).
         **({"from_pretrained": str(args.init_from.resolve()), "draft_vocab_size": None} if args.init_from else {})})
+
+
+def _default(flag: str, accelerated: str) -> str:
+    """speculators' default for ``flag`` with an accelerator, else the CPU's (:data:`CPU_DEFAULTS`)."""
+    return accelerated if torch.accelerator.is_available() else CPU_DEFAULTS[flag]
 
 
 def _epochs(steps: int | None, checkpoint_every: int, resumed: Resumed | None) -> int:
