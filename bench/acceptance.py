@@ -37,7 +37,9 @@ Stages, each run once and resumed where it stopped (its figures go to
    - ``dflash``, ``peagle`` (:data:`TYPE_ARMS`): DFlash and P-EAGLE drafts
      trained as (a) on the same export with ``--speculator-type`` (speculators'
      defaults for the type: DFlash's 16-token blocks, 15 draft tokens a step;
-     P-EAGLE's 8), and ``TYPE_reference`` / ``TYPE_shifted`` as (c) and (d);
+     P-EAGLE's 8), their learning curves measured as (a)'s, and
+     ``TYPE_reference`` / ``TYPE_shifted`` as (c) and (d), set beside the
+     type's own checkpoint after as many epochs, and ``TYPE_float32`` as ``float32``;
      vLLM serves each with the method it reads from the checkpoint.
 
     python -m bench.acceptance [--work DIR] [--only STAGE ...] [--out FILE] [--quick]
@@ -298,24 +300,33 @@ def validation_accuracy(val: dict[str, float]) -> list[float]:
 
 
 def offline(work: Work) -> dict[str, Any]:
-    figures = train_arm(work, "offline")
+    return trained_with_curve(work, "offline")
+
+
+def trained_with_curve(work: Work, arm: str, data: str | None = None) -> dict[str, Any]:
+    """:func:`train_arm` for every epoch of the schedule, then its checkpoints
+    after each of the scale's ``curve`` epochs measured too: the arm's learning
+    curve, and the points (b), and (c) and (d) with ``--epochs``, are set beside."""
+    figures = train_arm(work, arm, data=data)
     curve = []
     last = work.scale.epochs
     for epochs in work.scale.curve:
-        name = "offline" if epochs == last else f"offline_epoch{epochs}"  # the last is the arm's own
-        point = figures if epochs == last else evaluate(work, name, work.draft("offline") / str(epochs - 1))
-        figures.update(point)  # (b), and (c) and (d) with --epochs, are set beside these
+        name = arm if epochs == last else f"{arm}_epoch{epochs}"  # the last is the arm's own
+        point = figures if epochs == last else evaluate(work, name, work.draft(arm) / str(epochs - 1))
+        figures.update(point)
         curve.append({"tokens_fraction": epochs / last, "acceptance_length": point[f"acceptance_{name}_acceptance_length"],
                       "per_position": point[f"acceptance_{name}_per_position"]})
-    return {**figures, "acceptance_offline_curve": curve}
+    return {**figures, f"acceptance_{arm}_curve": curve}
 
 
-def float32(work: Work) -> dict[str, Any]:
-    """(a)'s draft again with the verifier and draft in float32: whether greedy
-    outputs that differ with the draft in bfloat16 are the verifier's bfloat16
-    numerics (batch-dependent) rather than the draft."""
-    final = work.draft("offline") / str(work.scale.epochs - 1)
-    return evaluate(work, "offline_float32", final, flags=("--dtype", "float32"))
+def float32(arm: str) -> Callable[[Work], dict[str, Any]]:
+    """The stage measuring arm ``arm``'s draft again with the verifier and draft
+    in float32: whether greedy outputs that differ with the draft in bfloat16
+    are the verifier's bfloat16 numerics (batch-dependent) rather than the draft."""
+    def stage(work: Work) -> dict[str, Any]:
+        final = work.draft(arm) / str(work.scale.epochs - 1)
+        return evaluate(work, f"{arm}_float32", final, flags=("--dtype", "float32"))
+    return stage
 
 
 def reference_export(work: Work) -> dict[str, Any]:
@@ -354,8 +365,10 @@ class TypeArm:
     data: str
 
 
+TYPES = ("dflash", "peagle")
+"""The draft types trained beside EAGLE-3."""
 TYPE_ARMS = {(kind if data == "offline" else f"{kind}_{data}"): TypeArm(kind, data)
-             for kind in ("dflash", "peagle") for data in ("offline", "reference", "shifted")}
+             for kind in TYPES for data in ("offline", "reference", "shifted")}
 """Each type trained as (a), (c) and (d) are, with ``--speculator-type`` and
 speculators' defaults for that type: ``TYPE`` on the export, ``TYPE_reference``
 on (c)'s data, ``TYPE_shifted`` on (d)'s."""
@@ -366,9 +379,10 @@ def type_arm(arm: str) -> Callable[[Work], dict[str, Any]]:
     data = TYPE_ARMS[arm].data
 
     def stage(work: Work) -> dict[str, Any]:
-        if data != "offline":
-            {"reference": reference_export, "shifted": shifted_export}[data](work)
-        return train_arm(work, arm, None if data == "offline" else work.epochs, data)
+        if data == "offline":
+            return trained_with_curve(work, arm, data)
+        {"reference": reference_export, "shifted": shifted_export}[data](work)
+        return train_arm(work, arm, work.epochs, data)
     return stage
 
 
@@ -461,11 +475,12 @@ STAGES: dict[str, tuple[Callable[[Work], dict[str, Any]], tuple[str, ...]]] = {
     "export": (export, ("data",)),
     "untrained": (untrained, ("export",)),
     "offline": (offline, ("export",)),
-    "float32": (float32, ("offline",)),
+    "float32": (float32("offline"), ("offline",)),
     "reference": (reference, ("export",)),
     "shifted": (shifted, ("export",)),
     "online": (online, ("offline",)),
     **{arm: (type_arm(arm), ("export",)) for arm in TYPE_ARMS},
+    **{f"{kind}_float32": (float32(kind), (kind,)) for kind in TYPES},
 }
 """Each stage, and the stages it needs done first."""
 EPOCH_ARMS = ("reference", "shifted", *(arm for arm, typed in TYPE_ARMS.items() if typed.data != "offline"))

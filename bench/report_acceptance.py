@@ -1,10 +1,12 @@
 """The benchmarks page's section on drafts trained on hsx data
 (:mod:`bench.acceptance`): every arm's acceptance in vLLM on held-out prompts,
-the offline arm's learning curve, and each stage's wall time."""
+each type's learning curve, and each stage's wall time."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from bench.report_blocks import Block, Bullets, Cells, Results, Table, When, fmt
@@ -19,12 +21,34 @@ ARMS = (
     ("dflash", "(f) DFlash: (a)'s export, `--speculator-type dflash`"),
     ("dflash_reference", "(f) DFlash on (c)'s HF hidden states"),
     ("dflash_shifted", "(f) DFlash on (d)'s shifted control"),
+    ("dflash_float32", "(f) again, verifier and draft in float32"),
     ("peagle", "(g) P-EAGLE: (a)'s export, `--speculator-type peagle`"),
     ("peagle_reference", "(g) P-EAGLE on (c)'s HF hidden states"),
     ("peagle_shifted", "(g) P-EAGLE on (d)'s shifted control"),
+    ("peagle_float32", "(g) again, verifier and draft in float32"),
 )
-TYPES = ("offline", "dflash", "peagle")
-"""Each draft type's arm on hsx's export (EAGLE-3's is (a))."""
+TYPES = (("offline", "EAGLE-3"), ("dflash", "DFlash"), ("peagle", "P-EAGLE"))
+"""Each draft type's arm on hsx's export (EAGLE-3's is (a)), and its name."""
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Two arms' acceptance lengths side by side, with the sampling noise of
+    their difference (:func:`_noise`)."""
+
+    first: float
+    second: float
+    noise: float
+
+    @property
+    def difference(self) -> float:
+        return self.first - self.second
+
+    def __str__(self) -> str:
+        return (f"{self.first:.3f} ÷ {self.second:.3f} = {self.first / self.second:.3f} "
+                f"({self.difference:+.3f}; noise ±{self.noise:.3f})")
+
+
 TARGETS = (
     ("mean acceptance length, (a)", "≥ 2.0", lambda r: _get(r, "offline", "acceptance_length"),
      lambda v: v >= 2.0),
@@ -36,11 +60,17 @@ TARGETS = (
      lambda v: abs(v) <= 0.05),
     ("(a) − (d) shifted control, after as many epochs", "at least 0.5",
      lambda r: _gap(r, _peer(r, "shifted"), "shifted"), lambda v: v >= 0.5),
-    *((f"{name} on hsx ÷ on HF's hidden states ({arm} ÷ {arm}_reference)", "within 5 %",
-       lambda r, arm=arm: _ratio(r, arm, f"{arm}_reference"), lambda v: abs(v - 1) <= 0.05)
-      for arm, name in (("dflash", "DFlash"), ("peagle", "P-EAGLE"))),
+    *(row for arm, name in TYPES[1:] for row in (
+        (f"{name} on hsx ÷ on HF's hidden states, after as many epochs", "within noise",
+         lambda r, arm=arm: _pair(r, _peer(r, f"{arm}_reference", arm), f"{arm}_reference"),
+         lambda v: abs(v.difference) <= v.noise),
+        (f"{name} shifted control ÷ on hsx, after as many epochs", "≤ 1.1, below beyond noise",
+         lambda r, arm=arm: _pair(r, f"{arm}_shifted", _peer(r, f"{arm}_shifted", arm)),
+         lambda v: v.first <= 1.1 and -v.difference > v.noise))),
+    ("greedy outputs with each type's draft = without it, in float32", "identical, every type",
+     lambda r: _identical_in_float32(r), lambda v: len(v) == len(TYPES) and all(v.values())),
     ("best acceptance length, any type, on hsx data", "≥ 2.5",
-     lambda r: max((x for arm in TYPES if (x := _get(r, arm, "acceptance_length")) is not None), default=None),
+     lambda r: max((x for arm, _ in TYPES if (x := _get(r, arm, "acceptance_length")) is not None), default=None),
      lambda v: v >= 2.5),
 )
 
@@ -49,20 +79,49 @@ def _get(r: Results, arm: str, figure: str) -> Any:
     return r.get(f"acceptance_{arm}_{figure}")
 
 
-def _peer(r: Results, arm: str) -> str:
-    """(a)'s checkpoint after as many epochs as ``arm`` trained (``--epochs``)."""
+def _peer(r: Results, arm: str, base: str = "offline") -> str:
+    """``base``'s checkpoint after as many epochs as ``arm`` trained (``--epochs``)."""
     epochs = _get(r, arm, "epochs")
-    return "offline" if epochs in (None, _get(r, "offline", "epochs")) else f"offline_epoch{epochs}"
+    return base if epochs in (None, _get(r, base, "epochs")) else f"{base}_epoch{epochs}"
+
+
+def _noise(r: Results, arm: str) -> float | None:
+    """The standard error of an arm's acceptance length, its drafts taken as
+    independent: a draft's accepted count X is at least k with the rate vLLM
+    counts at position k (p_k), so E[X] = sum p_k and E[X^2] = sum (2k - 1) p_k."""
+    rates, drafts = _get(r, arm, "per_position"), _get(r, arm, "drafts")
+    if not rates or not drafts:
+        return None
+    mean = sum(rates)
+    variance = sum((2 * k - 1) * p for k, p in enumerate(rates, start=1)) - mean ** 2
+    return math.sqrt(max(variance, 0.0) / drafts)
+
+
+def _pair(r: Results, a: str, b: str) -> Pair | None:
+    """``a`` beside ``b``; the noise is two standard errors of the difference."""
+    x, y = _get(r, a, "acceptance_length"), _get(r, b, "acceptance_length")
+    noise_a, noise_b = _noise(r, a), _noise(r, b)
+    if x is None or not y or noise_a is None or noise_b is None:
+        return None
+    return Pair(x, y, 2 * math.hypot(noise_a, noise_b))
+
+
+class Identical(dict[str, bool]):
+    """Each type's float32 arm measured so far: whether its greedy outputs were all identical."""
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {'yes' if same else 'no'}" for name, same in self.items())
+
+
+def _identical_in_float32(r: Results) -> Identical | None:
+    measured = Identical({name: same for arm, name in TYPES
+                          if (same := _get(r, f"{arm}_float32", "outputs_identical")) is not None})
+    return measured or None
 
 
 def _gap(r: Results, a: str, b: str) -> float | None:
     x, y = _get(r, a, "acceptance_length"), _get(r, b, "acceptance_length")
     return None if x is None or y is None else round(x - y, 3)
-
-
-def _ratio(r: Results, a: str, b: str) -> float | None:
-    x, y = _get(r, a, "acceptance_length"), _get(r, b, "acceptance_length")
-    return None if x is None or not y else round(x / y, 3)
 
 
 def _cell(value: Any) -> str:
@@ -93,8 +152,10 @@ def _target_rows(r: Results) -> Iterator[Cells]:
 
 
 def _curve_rows(r: Results) -> Iterator[Cells]:
-    for point in r.get("acceptance_offline_curve") or []:
-        yield (f"{point['tokens_fraction']:.0%}", _cell(point["acceptance_length"]), _cell(point["per_position"]))
+    for arm, name in TYPES:
+        for point in r.get(f"acceptance_{arm}_curve") or []:
+            yield (name, f"{point['tokens_fraction']:.0%}", _cell(point["acceptance_length"]),
+                   _cell(point["per_position"]))
 
 
 ACCEPTANCE: tuple[Block, ...] = (When("acceptance_train_prompts", (
@@ -116,8 +177,9 @@ ACCEPTANCE: tuple[Block, ...] = (When("acceptance_train_prompts", (
            "greedy outputs identical", "training s"), _arm_rows),
     Table(("figure", "value", "target", "met"), _target_rows),
     When("acceptance_offline_curve", (
-        "Learning curve of (a): acceptance after part of its training tokens (its epoch checkpoints).",
-        Table(("training tokens", "acceptance length", "per position"), _curve_rows),
+        "Learning curves of (a), (f) and (g): acceptance after part of their training tokens (their epoch "
+        "checkpoints).",
+        Table(("type", "training tokens", "acceptance length", "per position"), _curve_rows),
     )),
     Bullets((
         "speculators' own validation of (a) (its held-out 10 % of the training rows, same domain): full "
