@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from bench.sink_scale import publish
+from bench.speculators_run import read_metrics, validation
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
@@ -263,26 +264,41 @@ def untrained(work: Work) -> dict[str, Any]:
 def train_arm(work: Work, arm: str, epochs: int | None = None, data: str | None = None) -> dict[str, Any]:
     """Train on the export of arm ``data`` (default the arm's own) for ``epochs``
     of the schedule's epochs (default all; resuming speculators' last
-    checkpoint) and measure that epoch's checkpoint."""
+    checkpoint) and measure that epoch's checkpoint.
+
+    An epoch is done once speculators has validated it: its validation is in
+    the arm's metrics file (:mod:`bench.speculators_run`), or, for runs from
+    before that file, in the ``val_metrics.json`` speculators writes where the
+    epoch's loss was its best so far."""
     epochs = epochs or work.scale.epochs
     draft = work.draft(arm)
     checkpoint = draft / str(epochs - 1)
+    metrics = draft / "hsx_metrics.jsonl"
     timing = draft / "hsx_train_s.json"
     trained = json.loads(timing.read_text())["train_s"] if timing.exists() else 0.0
-    if not (checkpoint / "val_metrics.json").exists():  # written last, after speculators' validation
-        training = Spawned([speculators_python(), "-m", "hsx.trainer.speculators_cpu", *train_flags(work, arm, data)],
-                           work.log(f"train-{arm}"))
-        while training.running() and not (checkpoint / "val_metrics.json").exists():
+
+    def validated() -> dict[str, float] | None:
+        saved = checkpoint / "val_metrics.json"
+        return validation(read_metrics(metrics), epochs - 1) or (json.loads(saved.read_text()) if saved.exists() else None)
+
+    if validated() is None:
+        draft.mkdir(parents=True, exist_ok=True)
+        training = Spawned([speculators_python(), "-m", "bench.speculators_run", "--metrics", str(metrics), "--",
+                            *train_flags(work, arm, data)], work.log(f"train-{arm}"))
+        while training.running() and validated() is None:
             time.sleep(5)
         if training.running():
             training.stop()  # the epochs asked for are done; the schedule spanned them all
         trained += training.wait()
         timing.write_text(json.dumps({"train_s": round(trained, 1)}))  # a stop before the evaluations keeps it
+    val = validated()
+    if val is None:
+        sys.exit(f"[acceptance] {arm}: training ended without validating epoch {epochs} (its log: "
+                 f"{work.log(f'train-{arm}')})")
     state = json.loads((checkpoint / "training_state.json").read_text())
     figures: dict[str, Any] = {f"acceptance_{arm}_epochs": epochs, f"acceptance_{arm}_steps": state["global_step"],
-                               f"acceptance_{arm}_train_s": trained}
-    val = json.loads((checkpoint / "val_metrics.json").read_text())  # speculators' own: its held-out 10 % of the rows
-    figures[f"acceptance_{arm}_val_full_acc"] = validation_accuracy(val)
+                               f"acceptance_{arm}_train_s": trained,
+                               f"acceptance_{arm}_val_full_acc": validation_accuracy(val)}  # its held-out 10 %
     name = arm if epochs == work.scale.epochs else f"{arm}_epoch{epochs}"
     return {**figures, **evaluate(work, name, checkpoint, key=arm)}
 

@@ -34,7 +34,7 @@ for mutation" on the Triton kernels' shared ``configs``), so the host runs it wi
 are the trainer's throughput on hsx data of this model, not a draft's quality
 (that needs the whole export, see ``bench.acceptance``; the loss on rows seen
 104 times says nothing). The steps' figures come from speculators' metrics logger
-(a handler added beside its own), the wall time from the clock around the
+(:mod:`bench.speculators_run`), the wall time from the clock around the
 command. On an H200 most of a run's wall time is compiling (the first step and
 the first validation); ``gpu_draft_steady_tokens_per_s`` is the rate between
 logged steps within an epoch.
@@ -63,7 +63,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import logging
 import os
 import re
 import shutil
@@ -80,6 +79,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench.speculators_run import read_metrics
 from hsx.codecs.block import decode_block, encode_block
 from hsx.runtime.tensors import TORCH_DTYPES
 
@@ -244,48 +244,6 @@ def unpack(bundle: Path, work: Path, repeat: int) -> tuple[Path, Path]:
     return export, verifier
 
 
-class MetricsFile(logging.Handler):
-    """speculators' metric records (dicts on ``speculators.metrics``), one JSON
-    line each with the time it was logged."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__()
-        self.path = path
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if isinstance(record.msg, dict) and not getattr(record, "hparams", False):
-            with self.path.open("a") as f:
-                f.write(json.dumps({"t": record.created, **record.msg}, default=str) + "\n")
-
-
-def run_speculators(argv: list[str], metrics: Path) -> None:
-    """``speculators train`` with ``argv`` in this process, its metrics also
-    written to ``metrics``, then the peak GPU memory. With an accelerator this is
-    speculators' own entry (``speculators.cli.train``); without one, the CPU
-    adaptations of :mod:`hsx.trainer.speculators_cpu`."""
-    from speculators.train import cli
-
-    configure = cli.setup_metric_logger
-
-    def configure_and_record(*args: Any, **kwargs: Any) -> None:
-        configure(*args, **kwargs)  # dictConfig: replaces the handlers a logger had before
-        logging.getLogger("speculators.metrics").addHandler(MetricsFile(metrics))
-
-    cli.setup_metric_logger = configure_and_record
-    if torch.accelerator.is_available():
-        from speculators.train.config import TrainConfig
-
-        cli.main(TrainConfig.resolve(argv))
-    else:
-        from hsx.trainer.speculators_cpu import main
-
-        main(argv)
-    if torch.cuda.is_available():
-        with metrics.open("a") as f:
-            f.write(json.dumps({"t": time.time(), "peak_allocated": torch.cuda.max_memory_allocated(),
-                                "peak_reserved": torch.cuda.max_memory_reserved()}) + "\n")
-
-
 def run_timed(argv: list[str], timeout: float, env: dict[str, str]) -> tuple[float, bool]:
     """Run ``argv`` (output to ours) in a session of its own; its wall time and
     whether it finished in ``timeout`` s (it and its DataLoader workers are
@@ -361,13 +319,13 @@ def train(bundle: Path, out: Path, work: Path, repeat: int | None = None, epochs
     metrics = work / "metrics.jsonl"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "160"}
     print("[gpu_draft] speculators train " + " ".join(argv), flush=True)
-    train_s, completed = run_timed([sys.executable, "-m", "bench.gpu_draft", "speculators", "--metrics", str(metrics),
+    train_s, completed = run_timed([sys.executable, "-m", "bench.speculators_run", "--metrics", str(metrics),
                                     "--", *argv], timeout, env)
 
     seq_len = seq_lens(export)
     train_rows = int(len(seq_len) * TRAIN_RATIO)
     tokens_per_epoch = sum(seq_len[:train_rows])
-    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    records = read_metrics(metrics)
     state = work / "draft" / str(epochs - 1) / "training_state.json"
     steps = json.loads(state.read_text())["global_step"] if completed and state.exists() else None
     summary = summarize(records, tokens_per_epoch * epochs / steps if steps else None)
@@ -468,9 +426,6 @@ def main() -> None:
     t.add_argument("--epochs", type=int, help="instead of the acceptance benchmark's")
     t.add_argument("--timeout", type=float, default=300.0, help="stop training after this many s (figures kept)")
     t.add_argument("--loss-implementation", help="speculators' flag, where its default (fused) cannot run")
-    s = sub.add_parser("speculators", help="internal: speculators train with a metrics file")
-    s.add_argument("--metrics", type=Path, required=True)
-    s.add_argument("argv", nargs=argparse.REMAINDER)
     m = sub.add_parser("merge", help="gpu_* figure files into bench/results.json and the page (here)")
     m.add_argument("files", type=Path, nargs="+")
     m.add_argument("--results", type=Path, default=ROOT / "bench" / "results.json")
@@ -484,8 +439,6 @@ def main() -> None:
     elif args.command == "train":
         print(json.dumps(train(args.bundle, args.out, args.work, args.repeat, args.epochs, args.timeout,
                                args.loss_implementation), indent=2))
-    elif args.command == "speculators":
-        run_speculators(args.argv[1:] if args.argv[:1] == ["--"] else args.argv, args.metrics)
     else:
         merge(args.files, args.results, args.doc)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bench import acceptance, report, report_acceptance
+from bench import acceptance, report, report_acceptance, speculators_run
 from bench.acceptance_arms import write_shifted_export
 from hsx.local.training_data import TrainingDataSpec, write_training_dataset
 from hsx.trainer.export import export_speculators
@@ -123,7 +123,12 @@ def test_each_types_arm_reports_each_checkpoint_it_measures(tmp_path: Path, arm:
         checkpoint = work.draft(arm) / str(epoch)
         checkpoint.mkdir(parents=True)
         (checkpoint / "training_state.json").write_text(json.dumps({"global_step": 10 * (epoch + 1)}))
-        (checkpoint / "val_metrics.json").write_text(json.dumps({"full_acc_0_epoch": 0.5}))
+    # speculators writes val_metrics.json only where an epoch's loss is its best so far (the first
+    # here); the metrics file has every epoch's validation.
+    (work.draft(arm) / "0" / "val_metrics.json").write_text(json.dumps({"full_acc_0_epoch": 0.5}))
+    (work.draft(arm) / "hsx_metrics.jsonl").write_text("".join(
+        json.dumps({"t": 0.0, "val": {"full_acc_0_epoch": 0.5 + epoch / 10}, "epoch": epoch}) + "\n"
+        for epoch in range(work.scale.epochs)))
     (work.draft(arm) / "hsx_train_s.json").write_text(json.dumps({"train_s": 60.0}))
     (tmp_path / "eval").mkdir()
     for name, length in ((arm, 2.0), (f"{arm}_epoch1", 1.5), (f"{arm}_epoch2", 1.75)):
@@ -134,6 +139,22 @@ def test_each_types_arm_reports_each_checkpoint_it_measures(tmp_path: Path, arm:
     assert figures[f"acceptance_{arm}_epoch2_acceptance_length"] == 1.75
     assert (figures[f"acceptance_{arm}_acceptance_length"], figures[f"acceptance_{arm}_steps"]) == (2.0, 40)
     assert [p["acceptance_length"] for p in figures[f"acceptance_{arm}_curve"]] == [1.5, 1.75, 2.0]
+    assert figures[f"acceptance_{arm}_val_full_acc"] == [0.8]  # the last epoch's, though not its best
+
+
+def test_an_epochs_validation_is_its_last_runs_in_the_metrics_file(tmp_path: Path) -> None:
+    """A run stopped and resumed validates an epoch again: the later record is the checkpoint's."""
+    records = [{"t": 1, "train": {"loss": 2.0}, "epoch": 0, "global_step": 10},
+               {"t": 2, "val": {"loss_epoch": 1.0}, "epoch": 0},
+               {"t": 3, "val": {"loss_epoch": 0.9}, "epoch": 0},
+               {"t": 4, "val": {"loss_epoch": 0.8}, "epoch": 1}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert speculators_run.read_metrics(path) == records
+    assert speculators_run.validation(records, 0) == {"loss_epoch": 0.9}
+    assert speculators_run.validation(records, 1) == {"loss_epoch": 0.8}
+    assert speculators_run.validation(records, 2) is None
+    assert speculators_run.read_metrics(tmp_path / "not-yet.jsonl") == []
 
 
 def test_the_noise_of_an_acceptance_length_is_its_standard_error_from_vllms_counters() -> None:
