@@ -125,9 +125,15 @@ def _gap(r: Results, a: str, b: str) -> float | None:
 
 
 def _cell(value: Any) -> str:
-    if isinstance(value, list):
-        return " / ".join(f"{x:.3f}" for x in value)
-    return fmt(value)
+    """A figure, or a list of them (per position) with its run of trailing
+    zeros (DFlash's later positions) counted instead of written out."""
+    if not isinstance(value, list):
+        return fmt(value)
+    cells = [f"{x:.3f}" for x in value]
+    zeros = len(cells) - len("".join("x" if c != "0.000" else " " for c in cells).rstrip())
+    if zeros < 4:  # an EAGLE-3 row of three stays written out
+        return " / ".join(cells)
+    return " / ".join([*cells[:len(cells) - zeros], f"0.000 (×{zeros})"])
 
 
 def _arm_rows(r: Results) -> Iterator[Cells]:
