@@ -38,8 +38,9 @@ Stages, each run once and resumed where it stopped (its figures go to
      trained as (a) on the same export with ``--speculator-type`` (speculators'
      defaults for the type: DFlash's 16-token blocks, 15 draft tokens a step;
      P-EAGLE's 8), their learning curves measured as (a)'s, and
-     ``TYPE_reference`` / ``TYPE_shifted`` as (c) and (d), set beside the
-     type's own checkpoint after as many epochs, and ``TYPE_float32`` as ``float32``;
+     ``TYPE_reference`` / ``TYPE_shifted`` as (c) and (d) and ``TYPE_seed1``
+     (the export, another seed: the training noise (c) is judged by), set beside
+     the type's own checkpoint after as many epochs, and ``TYPE_float32`` as ``float32``;
      vLLM serves each with the method it reads from the checkpoint.
 
     python -m bench.acceptance [--work DIR] [--only STAGE ...] [--out FILE] [--quick]
@@ -217,6 +218,7 @@ def arm_flags(work: Work, arm: str, data: str | None = None) -> dict[str, list[s
     flags["--save-path"] = [str(work.draft(arm))]
     if arm in TYPE_ARMS:
         flags["--speculator-type"] = [TYPE_ARMS[arm].kind]
+        flags["--seed"] = [str(TYPE_ARMS[arm].seed)]
     return flags
 
 
@@ -375,30 +377,41 @@ def shifted(work: Work) -> dict[str, Any]:
 @dataclass(frozen=True)
 class TypeArm:
     """An arm training a draft type beside EAGLE-3 (:mod:`hsx.runtime.draft_types`)
-    on the data of arm ``data``: (a)'s export, (c)'s or (d)'s."""
+    on the data of arm ``data``: (a)'s export, (c)'s or (d)'s, with ``seed``."""
 
     kind: str
     data: str
+    seed: int = 0
+
+    @property
+    def control(self) -> bool:
+        """Trained for ``--epochs`` and set beside the type's own arm after as many."""
+        return (self.data, self.seed) != ("offline", 0)
 
 
 TYPES = ("dflash", "peagle")
 """The draft types trained beside EAGLE-3."""
-TYPE_ARMS = {(kind if data == "offline" else f"{kind}_{data}"): TypeArm(kind, data)
-             for kind in TYPES for data in ("offline", "reference", "shifted")}
+TYPE_ARMS = {
+    **{(kind if data == "offline" else f"{kind}_{data}"): TypeArm(kind, data)
+       for kind in TYPES for data in ("offline", "reference", "shifted")},
+    **{f"{kind}_seed1": TypeArm(kind, "offline", seed=1) for kind in TYPES},
+}
 """Each type trained as (a), (c) and (d) are, with ``--speculator-type`` and
 speculators' defaults for that type: ``TYPE`` on the export, ``TYPE_reference``
-on (c)'s data, ``TYPE_shifted`` on (d)'s."""
+on (c)'s data, ``TYPE_shifted`` on (d)'s; and ``TYPE_seed1``, the export again
+with another seed: how far two trainings on the same data land apart."""
 
 
 def type_arm(arm: str) -> Callable[[Work], dict[str, Any]]:
     """The stage training arm ``arm`` of :data:`TYPE_ARMS`."""
-    data = TYPE_ARMS[arm].data
+    typed = TYPE_ARMS[arm]
 
     def stage(work: Work) -> dict[str, Any]:
-        if data == "offline":
-            return trained_with_curve(work, arm, data)
-        {"reference": reference_export, "shifted": shifted_export}[data](work)
-        return train_arm(work, arm, work.epochs, data)
+        if not typed.control:
+            return trained_with_curve(work, arm, typed.data)
+        if typed.data != "offline":
+            {"reference": reference_export, "shifted": shifted_export}[typed.data](work)
+        return train_arm(work, arm, work.epochs, typed.data)
     return stage
 
 
@@ -499,7 +512,7 @@ STAGES: dict[str, tuple[Callable[[Work], dict[str, Any]], tuple[str, ...]]] = {
     **{f"{kind}_float32": (float32(kind), (kind,)) for kind in TYPES},
 }
 """Each stage, and the stages it needs done first."""
-EPOCH_ARMS = ("reference", "shifted", *(arm for arm, typed in TYPE_ARMS.items() if typed.data != "offline"))
+EPOCH_ARMS = ("reference", "shifted", *(arm for arm, typed in TYPE_ARMS.items() if typed.control))
 """The arms ``--epochs`` may stop early (training again resumes their last checkpoint)."""
 
 

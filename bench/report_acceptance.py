@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.report_blocks import Block, Bullets, Cells, Results, Table, When, fmt
@@ -21,10 +21,12 @@ ARMS = (
     ("dflash", "(f) DFlash: (a)'s export, `--speculator-type dflash`"),
     ("dflash_reference", "(f) DFlash on (c)'s HF hidden states"),
     ("dflash_shifted", "(f) DFlash on (d)'s shifted control"),
+    ("dflash_seed1", "(f) DFlash on (a)'s export again, seed 1 (training noise)"),
     ("dflash_float32", "(f) again, verifier and draft in float32"),
     ("peagle", "(g) P-EAGLE: (a)'s export, `--speculator-type peagle`"),
     ("peagle_reference", "(g) P-EAGLE on (c)'s HF hidden states"),
     ("peagle_shifted", "(g) P-EAGLE on (d)'s shifted control"),
+    ("peagle_seed1", "(g) P-EAGLE on (a)'s export again, seed 1 (training noise)"),
     ("peagle_float32", "(g) again, verifier and draft in float32"),
 )
 TYPES = (("offline", "EAGLE-3"), ("dflash", "DFlash"), ("peagle", "P-EAGLE"))
@@ -33,20 +35,28 @@ TYPES = (("offline", "EAGLE-3"), ("dflash", "DFlash"), ("peagle", "P-EAGLE"))
 
 @dataclass(frozen=True)
 class Pair:
-    """Two arms' acceptance lengths side by side, with the sampling noise of
-    their difference (:func:`_noise`)."""
+    """Two arms' acceptance lengths side by side, with the noise of their
+    difference: two standard errors of it from the evaluation's drafts
+    (:func:`_noise`) and, where measured, how far two trainings of the same
+    type on the same data land apart (seeds 0 and 1)."""
 
     first: float
     second: float
-    noise: float
+    sampling: float
+    seeds: float | None = None
 
     @property
     def difference(self) -> float:
         return self.first - self.second
 
+    @property
+    def noise(self) -> float:
+        return max(self.sampling, self.seeds or 0.0)
+
     def __str__(self) -> str:
+        seeds = "" if self.seeds is None else f", seeds {self.seeds:.3f} apart"
         return (f"{self.first:.3f} ÷ {self.second:.3f} = {self.first / self.second:.3f} "
-                f"({self.difference:+.3f}; noise ±{self.noise:.3f})")
+                f"({self.difference:+.3f}; noise ±{self.sampling:.3f}{seeds})")
 
 
 TARGETS = (
@@ -62,8 +72,7 @@ TARGETS = (
      lambda r: _gap(r, _peer(r, "shifted"), "shifted"), lambda v: v >= 0.5),
     *(row for arm, name in TYPES[1:] for row in (
         (f"{name} on hsx ÷ on HF's hidden states, after as many epochs", "within noise",
-         lambda r, arm=arm: _pair(r, _peer(r, f"{arm}_reference", arm), f"{arm}_reference"),
-         lambda v: abs(v.difference) <= v.noise),
+         lambda r, arm=arm: _beside_reference(r, arm), lambda v: abs(v.difference) <= v.noise),
         (f"{name} shifted control ÷ on hsx, after as many epochs", "≤ 1.1, below beyond noise",
          lambda r, arm=arm: _pair(r, f"{arm}_shifted", _peer(r, f"{arm}_shifted", arm)),
          lambda v: v.first <= 1.1 and -v.difference > v.noise))),
@@ -117,6 +126,17 @@ def _identical_in_float32(r: Results) -> Identical | None:
     measured = Identical({name: same for arm, name in TYPES
                           if (same := _get(r, f"{arm}_float32", "outputs_identical")) is not None})
     return measured or None
+
+
+def _beside_reference(r: Results, arm: str) -> Pair | None:
+    """Type ``arm`` on hsx's data beside the same on HF's hidden states, after as
+    many epochs, the noise including its two seeds' gap where ``ARM_seed1`` ran
+    as many epochs."""
+    reference = f"{arm}_reference"
+    peer = _peer(r, reference, arm)
+    pair = _pair(r, peer, reference)
+    seeds = _gap(r, peer, f"{arm}_seed1") if _get(r, f"{arm}_seed1", "epochs") == _get(r, reference, "epochs") else None
+    return pair if pair is None or seeds is None else replace(pair, seeds=abs(seeds))
 
 
 def _gap(r: Results, a: str, b: str) -> float | None:

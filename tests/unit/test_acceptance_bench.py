@@ -48,10 +48,14 @@ def test_every_arm_trains_with_the_printed_command_and_the_same_flags(tmp_path: 
     assert offline["--data-path"] == [str(tmp_path / "export")] and shifted["--data-path"] == [str(tmp_path / "export-shifted")]
     assert {k: v for k, v in offline.items() if k not in ("--data-path", "--save-path")} == \
         {k: v for k, v in shifted.items() if k not in ("--data-path", "--save-path")}
-    for arm, data in (("dflash", "offline"), ("peagle_reference", "reference"), ("dflash_shifted", "shifted")):
-        kind = arm.split("_")[0]  # each type's arms: (a)'s flags, its type, the data of (a), (c) or (d)
-        assert acceptance.TYPE_ARMS[arm] == acceptance.TypeArm(kind, data)
+    for arm, data, seed in (("dflash", "offline", 0), ("peagle_reference", "reference", 0),
+                            ("dflash_shifted", "shifted", 0), ("peagle_seed1", "offline", 1)):
+        kind = arm.split("_")[0]  # each type's arms: (a)'s flags, its type and seed, the data of (a), (c) or (d)
+        assert acceptance.TYPE_ARMS[arm] == acceptance.TypeArm(kind, data, seed)
+        assert acceptance.TYPE_ARMS[arm].control == (arm != kind) == (arm in acceptance.EPOCH_ARMS)
         flags = acceptance.arm_flags(work, arm, data)
+        assert flags.pop("--seed") == [str(seed)] and offline["--seed"] == ["0"]
+        flags["--seed"] = ["0"]
         assert flags.pop("--speculator-type") == [kind] and offline.pop("--speculator-type") == ["eagle3"]
         assert flags["--data-path"] == [str(work.export(data))] and flags["--save-path"] == [str(work.draft(arm))]
         assert {k: v for k, v in flags.items() if k not in ("--data-path", "--save-path")} == \
@@ -100,6 +104,11 @@ def test_the_page_shows_arms_run_and_not_run_and_compares_arms_after_as_many_epo
     assert (f"| DFlash on hsx ÷ on HF's hidden states, after as many epochs | 1.600 ÷ 1.500 = 1.067 (+0.100; noise "
             f"±{noise:.3f}) | within noise | **no** |") in section
     assert "| P-EAGLE on hsx ÷ on HF's hidden states, after as many epochs | – |" in section
+    # Two seeds of DFlash on hsx's data 0.12 apart after as many epochs: that difference is within the noise.
+    seeded = report.render({**results, "acceptance_dflash_seed1_acceptance_length": 1.48,
+                            "acceptance_dflash_seed1_epochs": 1})
+    assert (f"| DFlash on hsx ÷ on HF's hidden states, after as many epochs | 1.600 ÷ 1.500 = 1.067 (+0.100; noise "
+            f"±{noise:.3f}, seeds 0.120 apart) | within noise | yes |") in seeded
     assert "| DFlash shifted control ÷ on hsx, after as many epochs | 1.020 ÷ 1.600 = 0.637 (-0.580; noise" in section
     assert "| ≤ 1.1, below beyond noise | yes |" in section
     assert ("| greedy outputs with each type's draft = without it, in float32 | EAGLE-3 yes, DFlash yes | "
