@@ -29,7 +29,7 @@ ARMS = (
     ("peagle_seed1", "(g) P-EAGLE on (a)'s export again, seed 1 (training noise)"),
     ("peagle_float32", "(g) again, verifier and draft in float32"),
 )
-TYPES = (("offline", "EAGLE-3"), ("dflash", "DFlash"), ("peagle", "P-EAGLE"))
+DRAFT_TYPES = (("offline", "EAGLE-3"), ("dflash", "DFlash"), ("peagle", "P-EAGLE"))
 """Each draft type's arm on hsx's export (EAGLE-3's is (a)), and its name."""
 
 
@@ -70,16 +70,16 @@ TARGETS = (
      lambda v: abs(v) <= 0.05),
     ("(a) − (d) shifted control, after as many epochs", "at least 0.5",
      lambda r: _gap(r, _peer(r, "shifted"), "shifted"), lambda v: v >= 0.5),
-    *(row for arm, name in TYPES[1:] for row in (
+    *(row for arm, name in DRAFT_TYPES[1:] for row in (
         (f"{name} on hsx ÷ on HF's hidden states, after as many epochs", "within noise",
          lambda r, arm=arm: _beside_reference(r, arm), lambda v: abs(v.difference) <= v.noise),
         (f"{name} shifted control ÷ on hsx, after as many epochs", "≤ 1.1, below beyond noise",
          lambda r, arm=arm: _pair(r, f"{arm}_shifted", _peer(r, f"{arm}_shifted", arm)),
          lambda v: v.first <= 1.1 and -v.difference > v.noise))),
     ("greedy outputs with each type's draft = without it, in float32", "identical, every type",
-     lambda r: _identical_in_float32(r), lambda v: len(v) == len(TYPES) and all(v.values())),
+     lambda r: _identical_in_float32(r), lambda v: len(v) == len(DRAFT_TYPES) and all(v.values())),
     ("best acceptance length, any type, on hsx data", "≥ 2.5",
-     lambda r: max((x for arm, _ in TYPES if (x := _get(r, arm, "acceptance_length")) is not None), default=None),
+     lambda r: max((x for arm, _ in DRAFT_TYPES if (x := _get(r, arm, "acceptance_length")) is not None), default=None),
      lambda v: v >= 2.5),
 )
 
@@ -123,7 +123,7 @@ class Identical(dict[str, bool]):
 
 
 def _identical_in_float32(r: Results) -> Identical | None:
-    measured = Identical({name: same for arm, name in TYPES
+    measured = Identical({name: same for arm, name in DRAFT_TYPES
                           if (same := _get(r, f"{arm}_float32", "outputs_identical")) is not None})
     return measured or None
 
@@ -150,10 +150,13 @@ def _cell(value: Any) -> str:
     if not isinstance(value, list):
         return fmt(value)
     cells = [f"{x:.3f}" for x in value]
-    zeros = len(cells) - len("".join("x" if c != "0.000" else " " for c in cells).rstrip())
+    shown = len(cells)
+    while shown and cells[shown - 1] == "0.000":
+        shown -= 1
+    zeros = len(cells) - shown
     if zeros < 4:  # an EAGLE-3 row of three stays written out
         return " / ".join(cells)
-    return " / ".join([*cells[:len(cells) - zeros], f"0.000 (×{zeros})"])
+    return " / ".join([*cells[:shown], f"0.000 (×{zeros})"])
 
 
 def _arm_rows(r: Results) -> Iterator[Cells]:
@@ -178,7 +181,7 @@ def _target_rows(r: Results) -> Iterator[Cells]:
 
 
 def _curve_rows(r: Results) -> Iterator[Cells]:
-    for arm, name in TYPES:
+    for arm, name in DRAFT_TYPES:
         for point in r.get(f"acceptance_{arm}_curve") or []:
             yield (name, f"{point['tokens_fraction']:.0%}", _cell(point["acceptance_length"]),
                    _cell(point["per_position"]))
